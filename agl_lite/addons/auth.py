@@ -1,0 +1,78 @@
+"""Auth: every request's key is checked against the scope its route declares (DESIGN.md §2).
+
+The admin key is `AGL_KEY`; agent and grader keys are derived from it per rollout, so there is no key table.
+Sets `auth.role`, `auth.rollout_id`, `auth.attempt_id`. Never logs a key.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from agl_lite.core.config import GatewayConfig, option
+from agl_lite.core.flow import Flow
+from agl_lite.core.keys import KeyRole, identify
+from agl_lite.core.routes import Scope
+from agl_lite.errors import ConfigError, Forbidden, Unauthorized
+
+__all__ = ["MIN_KEY_LENGTH", "Auth"]
+
+MIN_KEY_LENGTH = 16
+
+_ROLE_FOR_SCOPE = {Scope.AGENT: KeyRole.AGENT, Scope.GRADER: KeyRole.GRADER}
+
+
+def presented_key(flow: Flow) -> str | None:
+    """The key the client sent: `Authorization: Bearer KEY` or `x-api-key: KEY`."""
+    headers = flow.request.headers
+    auth = headers.get("Authorization")
+    if auth is not None:
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    key = headers.get("x-api-key")
+    return key.strip() if key and key.strip() else None
+
+
+class Auth:
+    @dataclass(frozen=True, slots=True)
+    class Options:
+        key_env: str = option(
+            "AGL_KEY", "Environment variable holding the admin key (at least 16 characters)."
+        )
+
+    admin_key: str = ""
+
+    def configure(self, config: GatewayConfig, options: Auth.Options) -> None:
+        key = os.environ.get(options.key_env, "")
+        if not key:
+            raise ConfigError(
+                f"the admin key is not set: export {options.key_env}=$(openssl rand -hex 32) before starting agl-lite"
+            )
+        if len(key) < MIN_KEY_LENGTH:
+            raise ConfigError(f"{options.key_env} is too short: use at least {MIN_KEY_LENGTH} characters")
+        self.admin_key = key
+
+    def request(self, flow: Flow) -> None:
+        route = flow.route
+        rollout_id = flow.request.path_params.get("rollout_id")
+        if rollout_id is not None:
+            flow.metadata["auth.rollout_id"] = rollout_id
+            flow.metadata["auth.attempt_id"] = flow.request.path_params.get("attempt_id")
+        if route.scope is Scope.PUBLIC:
+            return
+        key = presented_key(flow)
+        if key is None:
+            raise Unauthorized("missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
+        principal = identify(self.admin_key, key)
+        if principal is None:
+            raise Unauthorized("invalid API key")
+        flow.metadata["auth.role"] = principal.role
+        if principal.role is KeyRole.ADMIN:
+            return
+        if route.scope is Scope.ADMIN:
+            raise Forbidden(f"{route.method} {route.path} needs the admin key")
+        if principal.role is not _ROLE_FOR_SCOPE[route.scope]:
+            raise Forbidden(f"a {principal.role.value} key cannot call {route.method} {route.path}")
+        if principal.rollout_id != rollout_id:
+            raise Forbidden("this key belongs to another rollout")

@@ -1,0 +1,246 @@
+"""Route: maps a request's public model name (or alias) to upstreams from `routes.toml` and rewrites the model.
+
+Chooses the order to try upstreams in (round robin, least in-flight, or sticky by rollout for prefix-cache
+locality), cools down upstreams that keep failing, and answers `GET /v1/models`. Sets `route.model`,
+`route.requested_model`, `route.backend`; the core does the forwarding and the before-first-byte retries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from yarl import URL
+
+from agl_lite.core.config import GatewayConfig, load_toml, option, parse_dataclass
+from agl_lite.core.flow import Flow, UpstreamTarget, json_response
+from agl_lite.core.routes import RouteKind, model_api_routes
+from agl_lite.errors import BadRequest, ConfigError, ModelNotFound
+
+__all__ = ["ModelRoute", "Route", "RoutesFile", "Strategy", "UpstreamSpec", "load_routes"]
+
+
+class Strategy(StrEnum):
+    ROUND_ROBIN = "round_robin"
+    LEAST_INFLIGHT = "least_inflight"
+    STICKY = "sticky"
+    """The same rollout goes to the same upstream while it is healthy (its KV prefix cache is there)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamSpec:
+    base_url: str = option(
+        "", "OpenAI-style base URL of the server, with `/v1` (e.g. `http://127.0.0.1:8000/v1`)."
+    )
+    served_model: str = option("", "Model name the upstream serves; empty means the route's own name.")
+    api_key_env: str = option("", "Environment variable holding the upstream's own key (sent as Bearer).")
+    api_key: str = option("", "The upstream's key as a literal; prefer `api_key_env`.")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRoute:
+    aliases: tuple[str, ...] = option((), "Other names clients may use for this model (e.g. `gpt-4.1`).")
+    backend: str = option(
+        "vllm", "What serves it: `vllm` (token ids captured) or `openai` (any compatible API)."
+    )
+    strategy: Strategy = option(
+        Strategy.STICKY, "Upstream choice: `round_robin`, `least_inflight` or `sticky`."
+    )
+    upstreams: tuple[UpstreamSpec, ...] = option((), "Servers of this model, tried in strategy order.")
+
+
+@dataclass(frozen=True, slots=True)
+class RoutesFile:
+    models: Mapping[str, ModelRoute] = option({}, "Public model name → its route.")
+
+
+def load_routes(path: str) -> RoutesFile:
+    """Read and check routes.toml; every problem names the key and the file."""
+    routes = parse_dataclass(RoutesFile, load_toml(path), file=path)
+    seen: dict[str, str] = {}
+    for name, model in routes.models.items():
+        if not model.upstreams:
+            raise ConfigError(f"{path}: models.{name}.upstreams is empty; give at least one upstream")
+        for i, up in enumerate(model.upstreams):
+            url = URL(up.base_url)
+            if url.scheme not in ("http", "https") or not url.host:
+                raise ConfigError(
+                    f"{path}: models.{name}.upstreams[{i}].base_url must be an http(s) URL, "
+                    f"got {up.base_url!r}"
+                )
+        for public in (name, *model.aliases):
+            if public in seen:
+                raise ConfigError(
+                    f"{path}: model name {public!r} is used by both {seen[public]!r} and {name!r}"
+                )
+            seen[public] = name
+    return routes
+
+
+@dataclass(eq=False)
+class _UpstreamState:
+    """Health and load of one upstream; it is the core's observer for attempts on it."""
+
+    spec: UpstreamSpec
+    base: str
+    headers: dict[str, str]
+    served_model: str
+    cooldown_s: float
+    failures_to_cool: int
+    inflight: int = 0
+    failures: int = 0
+    cool_until: float = 0.0
+
+    def attempt_started(self, target: UpstreamTarget) -> None:
+        self.inflight += 1
+
+    def attempt_ended(self, target: UpstreamTarget, *, ok: bool) -> None:
+        self.inflight -= 1
+        if ok:
+            self.failures = 0
+            return
+        self.failures += 1
+        if self.failures >= self.failures_to_cool:
+            self.cool_until = time.monotonic() + self.cooldown_s
+
+    def healthy(self, now: float) -> bool:
+        return self.cool_until <= now
+
+
+@dataclass(eq=False)
+class _ModelState:
+    name: str
+    route: ModelRoute
+    upstreams: list[_UpstreamState]
+    counter: itertools.count[int] = field(default_factory=itertools.count)
+
+    def order(self, rollout_id: str | None) -> list[_UpstreamState]:
+        ups = self.upstreams
+        if len(ups) == 1:
+            return ups
+        now = time.monotonic()
+        healthy = [u for u in ups if u.healthy(now)]
+        cooling = [u for u in ups if not u.healthy(now)]  # still tried, last, rather than failing outright
+        strategy = self.route.strategy
+        if strategy is Strategy.STICKY and rollout_id is not None:
+            healthy.sort(
+                key=lambda u: hashlib.blake2b(f"{rollout_id}|{u.base}".encode(), digest_size=8).digest(),
+                reverse=True,
+            )
+        elif healthy:
+            start = next(self.counter) % len(healthy)
+            healthy = healthy[start:] + healthy[:start]
+            if strategy is not Strategy.ROUND_ROBIN:
+                healthy.sort(key=lambda u: u.inflight)  # stable: round robin among equally loaded
+        return healthy + cooling
+
+
+class Route:
+    routes = (
+        *model_api_routes(
+            "chat_completions", "POST", "/v1/chat/completions", RouteKind.LLM, "OpenAI chat completions."
+        ),
+        *model_api_routes(
+            "completions", "POST", "/v1/completions", RouteKind.LLM, "OpenAI text completions."
+        ),
+        *model_api_routes("models", "GET", "/v1/models", RouteKind.API, "The routed model names."),
+    )
+
+    @dataclass(frozen=True, slots=True)
+    class Options:
+        cooldown_s: float = option(30.0, "Seconds an upstream is tried last after repeated failures.")
+        failures_to_cool: int = option(3, "Consecutive failures that start an upstream's cool-down.")
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, _ModelState] = {}
+        self._created = int(time.time())
+        self._models_body: dict[str, Any] = {}
+
+    def configure(self, config: GatewayConfig, options: Route.Options) -> None:
+        if options.cooldown_s < 0 or options.failures_to_cool < 1:
+            raise ConfigError(
+                f"{config.source}: addons.route.cooldown_s must be >= 0 and failures_to_cool >= 1"
+            )
+        routes = load_routes(str(config.routes_path))
+        self._by_name = {}
+        for name, model in routes.models.items():
+            ups = [self._upstream(name, spec, options, str(config.routes_path)) for spec in model.upstreams]
+            state = _ModelState(name, model, ups)
+            for public in (name, *model.aliases):
+                self._by_name[public] = state
+        self._models_body = {
+            "object": "list",
+            "data": [
+                {
+                    "id": public,
+                    "object": "model",
+                    "created": self._created,
+                    "owned_by": "agl-lite",
+                    "root": st.name,
+                }
+                for public, st in self._by_name.items()
+            ],
+        }
+
+    @staticmethod
+    def _upstream(name: str, spec: UpstreamSpec, options: Route.Options, file: str) -> _UpstreamState:
+        key = spec.api_key
+        if spec.api_key_env:
+            key = os.environ.get(spec.api_key_env, "")
+            if not key:
+                raise ConfigError(
+                    f"{file}: models.{name}: environment variable {spec.api_key_env} is not set"
+                )
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return _UpstreamState(
+            spec,
+            spec.base_url.rstrip("/"),
+            headers,
+            spec.served_model or name,
+            options.cooldown_s,
+            options.failures_to_cool,
+        )
+
+    def request(self, flow: Flow) -> None:
+        route = flow.route
+        if route.name in ("models", "models.agent"):
+            flow.response = json_response(200, self._models_body)
+            return
+        if route.kind is not RouteKind.LLM:
+            return
+        body = flow.request.json_object()
+        requested = body.get("model")
+        if not isinstance(requested, str) or not requested:
+            raise BadRequest("'model' is required and must be a non-empty string", param="model")
+        state = self._by_name.get(requested)
+        if state is None:
+            known = sorted(self._by_name)
+            raise ModelNotFound(
+                f"model {requested!r} is not routed here; known models: {', '.join(known)}",
+                param="model",
+                known_models=known,
+            )
+        path = flow.request.path
+        suffix = path[path.index("/v1/") + 3 :]
+        if flow.request.query_string:
+            suffix += "?" + flow.request.query_string
+        rollout_id = flow.metadata.get("auth.rollout_id")
+        flow.upstreams = [
+            UpstreamTarget(
+                url=URL(up.base + suffix, encoded=True),
+                headers=up.headers,
+                json_patch=None if up.served_model == requested else {"model": up.served_model},
+                name=up.base,
+                observer=up,
+            )
+            for up in state.order(rollout_id)
+        ]
+        flow.metadata["route.model"] = state.name
+        flow.metadata["route.requested_model"] = requested
+        flow.metadata["route.backend"] = state.route.backend

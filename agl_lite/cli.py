@@ -1,0 +1,118 @@
+"""`agl-lite`: the server-side CLI. Thin: parse arguments, build config, call a library function."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from agl_lite import __version__
+from agl_lite.core.config import load_config
+from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.core.routes import ID_PATTERN
+from agl_lite.errors import ConfigError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="agl-lite",
+    help="agl-lite: the capturing LLM gateway for RL of LLM agents.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="The agl-lite.toml to use.")]
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"agl-lite: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def run(config: ConfigOpt = Path("agl-lite.toml")) -> None:
+    """Serve the gateway until Ctrl-C or SIGTERM.
+
+    Example: AGL_KEY=$(openssl rand -hex 32) agl-lite run --config agl-lite.toml
+    """
+    from agl_lite.service import serve
+
+    try:
+        asyncio.run(serve(load_config(config)))
+    except ConfigError as exc:
+        _fail(str(exc))
+
+
+@app.command("check-config")
+def check_config(config: Annotated[Path, typer.Argument(help="The agl-lite.toml to check.")]) -> None:
+    """Validate a config (and the routes file it names) without serving. Exit 0 when valid, 2 otherwise.
+
+    Example: agl-lite check-config agl-lite.toml
+    """
+    from agl_lite.service import check_config as check
+
+    try:
+        cfg = load_config(config)
+        gateway = asyncio.run(check(cfg))
+    except ConfigError as exc:
+        _fail(str(exc))
+        return
+    typer.echo(f"{config}: ok")
+    typer.echo(f"  listen  {cfg.server.host}:{cfg.server.port}  (agents use {cfg.public_url})")
+    typer.echo(f"  chain   {' -> '.join(cfg.chain)}")
+    typer.echo(f"  routes  {len(gateway.table.routes)} HTTP routes")
+
+
+@app.command()
+def key(
+    rollout_id: Annotated[str, typer.Argument(help="The rollout the key is for.")],
+    grader: Annotated[
+        bool, typer.Option("--grader", help="Print the grader key instead of the agent key.")
+    ] = False,
+) -> None:
+    """Print a rollout's agent (or grader) key, derived from AGL_KEY; for debugging and external runners.
+
+    Example: agl-lite key my-rollout-1 --grader
+    """
+    admin = os.environ.get("AGL_KEY", "")
+    if not admin:
+        _fail("AGL_KEY is not set")
+    if not ID_PATTERN.match(rollout_id):
+        _fail(f"invalid rollout id {rollout_id!r}: use 1-128 of A-Z a-z 0-9 _ -")
+    typer.echo(derive_key(admin, rollout_id, KeyRole.GRADER if grader else KeyRole.AGENT))
+
+
+@app.command("mock-llm")
+def mock_llm(
+    port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    model: Annotated[
+        list[str] | None, typer.Option("--model", help="Served model name (repeatable).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the deterministic output.")] = 0,
+) -> None:
+    """Serve the mock vLLM (the real vLLM wire format, deterministic output) for tests and the CPU demo.
+
+    Example: agl-lite mock-llm --port 8000 --model smollm2
+    """
+    from agl_lite.testing.mock_vllm import serve
+
+    serve(host, port, seed=seed, models=model or ["smollm2"])
+
+
+@app.command()
+def version() -> None:
+    """Print the agl-lite version."""
+    typer.echo(__version__)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

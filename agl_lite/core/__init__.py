@@ -1,0 +1,1 @@
+"""The gateway core: flow, hooks, addon manager, server, upstream, SSE, config, routes, registry, tasks."""

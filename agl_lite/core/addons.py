@@ -1,0 +1,186 @@
+"""The addon manager: the ordered chain, per-hook dispatch lists computed once, contained failures.
+
+Handlers may be sync or async. A failing handler is logged with its addon's name and the chain goes on, except in
+`request`, where an unexpected exception fails the flow closed (500) and an `HttpError` becomes its JSON answer.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from agl_lite.core.config import GatewayConfig, parse_dataclass
+from agl_lite.core.flow import Flow, error_response
+from agl_lite.core.hooks import Hook, all_hooks
+from agl_lite.core.registry import resolve_addon
+from agl_lite.core.routes import HttpRoute
+from agl_lite.core.services import LoadContext
+from agl_lite.errors import ConfigError, HttpError, InternalError
+
+__all__ = ["AddonManager", "LoadedAddon", "load_chain"]
+
+log = structlog.get_logger("agl_lite.addons")
+
+
+@dataclass(slots=True)
+class LoadedAddon:
+    name: str
+    """The chain entry (short name or import string)."""
+    addon: Any
+    options: Any = None
+
+
+@dataclass(slots=True, frozen=True)
+class _Handler:
+    addon: str
+    fn: Callable[..., Any]
+    is_async: bool
+
+
+def load_chain(config: GatewayConfig) -> list[LoadedAddon]:
+    """Instantiate the chain's addons with their typed options (`[addons.NAME]` checked by their `Options`)."""
+    loaded = []
+    seen: set[str] = set()
+    for spec in config.chain:
+        if spec in seen:
+            raise ConfigError(f"{config.source}: addon {spec!r} appears twice in addons.chain")
+        seen.add(spec)
+        cls = resolve_addon(spec)
+        options_cls = getattr(cls, "Options", None)
+        table = config.addons.get(spec, {})
+        if options_cls is None:
+            if table:
+                raise ConfigError(
+                    f"{config.source}: addon {spec!r} takes no options, but [addons.{spec}] sets some"
+                )
+            options = None
+        else:
+            options = parse_dataclass(options_cls, table, file=config.source, where=f"addons.{spec}")
+        loaded.append(LoadedAddon(spec, cls(), options))
+    return loaded
+
+
+class AddonManager:
+    def __init__(self, addons: Sequence[LoadedAddon], ctx: LoadContext | None = None) -> None:
+        self.addons = list(addons)
+        self.ctx = ctx or LoadContext()
+        self._handlers: dict[str, list[_Handler]] = {}
+        for hook_name in all_hooks:
+            handlers = []
+            for item in self.addons:
+                fn = getattr(item.addon, hook_name, None)
+                if fn is None:
+                    continue
+                if not callable(fn):
+                    raise ConfigError(
+                        f"addon {item.name!r}: attribute {hook_name!r} is a hook name but not callable"
+                    )
+                handlers.append(_Handler(item.name, fn, inspect.iscoroutinefunction(fn)))
+            self._handlers[hook_name] = handlers
+        self._request = self._handlers["request"]
+        self._response_headers = self._handlers["response_headers"]
+        self._response_end = self._handlers["response_end"]
+        self._error = self._handlers["error"]
+        self._flow_done = self._handlers["flow_done"]
+
+    def routes(self) -> list[HttpRoute]:
+        """Every route the chain's addons declare (their `routes` class attribute), in chain order."""
+        out: list[HttpRoute] = []
+        for item in self.addons:
+            out.extend(getattr(item.addon, "routes", ()))
+        return out
+
+    def has(self, hook_name: str) -> bool:
+        return bool(self._handlers[hook_name])
+
+    # --- lifecycle ---------------------------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        for h in self._handlers["load"]:
+            await self._call_strict(h, self.ctx)
+
+    async def configure(self, config: GatewayConfig) -> None:
+        options = {item.name: item.options for item in self.addons}
+        for h in self._handlers["configure"]:
+            await self._call_strict(h, config, options[h.addon])
+
+    async def running(self) -> None:
+        for h in self._handlers["running"]:
+            await self._call_strict(h)
+
+    async def shutdown(self) -> None:
+        for h in reversed(self._handlers["shutdown"]):
+            await self._call_contained(h, (), "shutdown")
+        await self.ctx.tasks.close()
+
+    async def _call_strict(self, h: _Handler, *args: Any) -> None:
+        """Lifecycle hooks: a ConfigError stops start-up as it is; anything else is wrapped with the addon's name."""
+        try:
+            result = h.fn(*args)
+            if h.is_async:
+                await result
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"addon {h.addon!r} failed to start: {exc!r}") from exc
+
+    # --- per flow ----------------------------------------------------------------------------------------------
+
+    async def trigger(self, hook: Hook) -> None:
+        """Run a hook on every addon implementing it; failures are logged and contained."""
+        args = hook.args()
+        for h in self._handlers[hook.name]:
+            await self._call_contained(h, args, hook.name)
+
+    async def request(self, flow: Flow) -> None:
+        """The `request` hook: stops at the first addon that answers (sets `flow.response`) or fails."""
+        for h in self._request:
+            try:
+                result = h.fn(flow)
+                if h.is_async:
+                    await result
+            except HttpError as exc:
+                flow.response = error_response(exc)
+            except Exception as exc:
+                log.error(
+                    "addon failed in request; failing the flow closed",
+                    addon=h.addon,
+                    error=repr(exc),
+                    exc_info=exc,
+                )
+                flow.response = error_response(InternalError(f"internal error in addon {h.addon!r}"))
+            if flow.response is not None:
+                return
+
+    async def response_headers(self, flow: Flow) -> None:
+        await self._run(self._response_headers, flow, "response_headers")
+
+    async def response_end(self, flow: Flow) -> None:
+        await self._run(self._response_end, flow, "response_end")
+
+    async def error(self, flow: Flow) -> None:
+        await self._run(self._error, flow, "error")
+
+    async def flow_done(self, flow: Flow) -> None:
+        await self._run(self._flow_done, flow, "flow_done")
+
+    async def _run(self, handlers: Iterable[_Handler], flow: Flow, hook: str) -> None:
+        for h in handlers:
+            try:
+                result = h.fn(flow)
+                if h.is_async:
+                    await result
+            except Exception as exc:
+                log.error("addon failed", addon=h.addon, hook=hook, error=repr(exc), exc_info=exc)
+
+    async def _call_contained(self, h: _Handler, args: tuple[Any, ...], hook: str) -> None:
+        try:
+            result = h.fn(*args)
+            if h.is_async:
+                await result
+        except Exception as exc:
+            log.error("addon failed", addon=h.addon, hook=hook, error=repr(exc), exc_info=exc)

@@ -1,0 +1,279 @@
+"""Config: one TOML file parsed once into frozen dataclasses; unknown keys and bad values are errors naming both.
+
+Every field has a default and a doc (`option(default, doc)`), from which docs/configuration.md is generated
+(`python -m agl_lite.core.config`). Addons declare their own `Options` dataclass; its table is `[addons.NAME]`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from agl_lite.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_CHAIN",
+    "GatewayConfig",
+    "LogConfig",
+    "ServerConfig",
+    "UpstreamConfig",
+    "load_config",
+    "load_toml",
+    "option",
+    "parse_dataclass",
+]
+
+T = TypeVar("T")
+
+MiB = 1024 * 1024
+
+DEFAULT_CHAIN: tuple[str, ...] = ("auth", "route")
+"""The addon chain when the config names none; order matters (auth first)."""
+
+
+def option(default: Any, doc: str, *, toml_key: str = "") -> Any:
+    """A config field with its default and a one-line doc (units included); tables default to read-only copies.
+
+    `toml_key` is where the field is written in the file when that differs from its name (for the docs).
+    """
+    meta = {"doc": doc, "toml_key": toml_key}
+    if isinstance(default, Mapping):
+        frozen = types.MappingProxyType(dict(default))
+        return field(default_factory=lambda: frozen, metadata={**meta, "default": frozen})
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = option(
+        "127.0.0.1", "Address to listen on; `0.0.0.0` to be reachable from pods or containers."
+    )
+    port: int = option(8100, "TCP port to listen on; 0 picks a free port.")
+    public_url: str = option("", "Base URL agents use to reach the gateway; empty means `http://HOST:PORT`.")
+    max_body_bytes: int = option(64 * MiB, "Largest request body accepted, in bytes; larger bodies get 413.")
+    shutdown_timeout: float = option(10.0, "Seconds to let in-flight requests finish at shutdown.")
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    connect_timeout: float = option(10.0, "Seconds to open a TCP connection to an upstream.")
+    read_timeout: float = option(
+        600.0,
+        "Longest silence from an upstream (before headers or between chunks), in seconds; no total cap.",
+    )
+    max_connections: int = option(2048, "Upper bound on open upstream connections (all upstreams together).")
+    keepalive_timeout: float = option(30.0, "Seconds an idle upstream connection is kept for reuse.")
+    retry_on_status: tuple[int, ...] = option(
+        (502, 503),
+        "Upstream statuses retried on the next upstream (only before any byte reached the client).",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    level: Literal["debug", "info", "warning", "error"] = option("info", "Lowest level logged.")
+    format: Literal["console", "json"] = option("console", "`console` for people, `json` for log shippers.")
+    access_log: bool = option(False, "Log one INFO line per flow (method, path, status, duration).")
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    server: ServerConfig = option(ServerConfig(), "The HTTP server.")
+    upstream: UpstreamConfig = option(UpstreamConfig(), "Forwarding to inference servers.")
+    log: LogConfig = option(LogConfig(), "Logging.")
+    routes: str = option("routes.toml", "Model routes file, relative to this config file.")
+    chain: tuple[str, ...] = option(
+        DEFAULT_CHAIN, "Addons in order: short names or `module:Class` strings.", toml_key="addons.chain"
+    )
+    addons: Mapping[str, Mapping[str, Any]] = option(
+        {}, "Per-addon option tables, checked by each addon's `Options`.", toml_key="addons.NAME"
+    )
+    source: str = option("<defaults>", "The file this config was read from (set by the loader).")
+
+    @property
+    def base_dir(self) -> Path:
+        return Path(self.source).parent if self.source != "<defaults>" else Path.cwd()
+
+    @property
+    def routes_path(self) -> Path:
+        return self.base_dir / self.routes
+
+    @property
+    def public_url(self) -> str:
+        if self.server.public_url:
+            return self.server.public_url.rstrip("/")
+        host = "127.0.0.1" if self.server.host in ("0.0.0.0", "::", "") else self.server.host
+        return f"http://{host}:{self.server.port}"
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file; a missing or malformed file is a ConfigError naming it."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {p}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: invalid TOML: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from exc
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    """Load agl-lite.toml; the `[addons]` table holds `chain` and the per-addon tables."""
+    data = load_toml(path)
+    addons = data.pop("addons", {})
+    if not isinstance(addons, dict):
+        raise ConfigError(f"{path}: [addons] must be a table")
+    addons = dict(addons)
+    if "chain" in addons:
+        data["chain"] = addons.pop("chain")
+    for name, table in addons.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: addons.{name} must be a table of options")
+    data["addons"] = addons
+    data["source"] = str(path)
+    config = parse_dataclass(GatewayConfig, data, file=str(path))
+    unknown = set(config.addons) - set(config.chain)
+    if unknown:
+        name = sorted(unknown)[0]
+        raise ConfigError(
+            f"{path}: [addons.{name}] configures an addon that is not in addons.chain {list(config.chain)}"
+        )
+    return config
+
+
+# --- the converter -------------------------------------------------------------------------------------------------
+
+
+def parse_dataclass(cls: type[T], data: Mapping[str, Any], *, file: str, where: str = "") -> T:
+    """Build the frozen dataclass `cls` from a TOML table, checking every key and value."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{file}: {where or 'top level'} must be a table, got {_describe(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{where}.{key}" if where else key
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f"; known keys: {', '.join(sorted(fields))}"
+            raise ConfigError(f"{file}: unknown key {dotted!r}{hint}")
+        kwargs[key] = _convert(hints[key], value, file=file, where=dotted)
+    return cls(**kwargs)
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}" if not isinstance(value, dict | list) else type(value).__name__
+
+
+def _convert(tp: Any, value: Any, *, file: str, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    bad = ConfigError(f"{file}: {where} must be {_type_name(tp)}, got {_describe(value)}")
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, file=file, where=where)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise bad
+    if origin is Literal:
+        if value in args:
+            return value
+        raise ConfigError(f"{file}: {where} must be one of {', '.join(repr(a) for a in args)}, got {value!r}")
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return parse_dataclass(tp, value, file=file, where=where)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            choices = ", ".join(repr(m.value) for m in tp)
+            raise ConfigError(f"{file}: {where} must be one of {choices}, got {value!r}") from None
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise bad
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise bad
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise bad
+        item = args[0] if args else Any
+        return tuple(_convert(item, v, file=file, where=f"{where}[{i}]") for i, v in enumerate(value))
+    if origin in (Mapping, dict, typing.Mapping) or tp in (dict, Mapping):
+        if not isinstance(value, Mapping):
+            raise bad
+        vt = args[1] if len(args) == 2 else Any
+        return types.MappingProxyType(
+            {str(k): _convert(vt, v, file=file, where=f"{where}.{k}") for k, v in value.items()}
+        )
+    raise ConfigError(f"{file}: {where}: unsupported option type {tp!r}")  # a bug in an Options class
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is tuple:
+        return f"a list of {_type_name(args[0])}"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args if a is not type(None))
+    if dataclasses.is_dataclass(tp):
+        return "a table"
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def reference_markdown(cls: type[Any], prefix: str = "") -> str:
+    """A table of every option of `cls` (recursing into nested tables) for docs/configuration.md."""
+    rows: list[str] = []
+    nested: list[str] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name == "source":
+            continue
+        tp = hints[f.name]
+        key = f.metadata.get("toml_key") or f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+            nested.append(f"\n### `[{key}]`\n\n{f.metadata.get('doc', '')}\n\n" + reference_markdown(tp, ""))
+            continue
+        default = f.metadata.get("default", f.default)
+        if isinstance(default, types.MappingProxyType):
+            default = dict(default)
+        if isinstance(default, tuple):
+            default = list(default)
+        if isinstance(default, enum.Enum):
+            default = default.value
+        rows.append(f"| `{key}` | `{default!r}` | {f.metadata.get('doc', '')} |")
+    table = "| key | default | meaning |\n|---|---|---|\n" + "\n".join(rows) + "\n" if rows else ""
+    return table + "".join(nested)
+
+
+if __name__ == "__main__":
+    print(reference_markdown(GatewayConfig), end="")

@@ -1,0 +1,133 @@
+"""The route table: every HTTP route the service answers, declared once with its scope.
+
+Addons declare the routes they serve (class attribute `routes`); the table is built from the chain, the server
+matches each request against it once, and auth enforces the matched route's scope. It does no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from agl_lite.errors import ConfigError, MethodNotAllowed, NotFound
+
+__all__ = [
+    "ATTRIBUTED_PREFIX",
+    "ID_PATTERN",
+    "HttpRoute",
+    "RouteKind",
+    "RouteMatch",
+    "RouteTable",
+    "Scope",
+    "model_api_routes",
+]
+
+
+class Scope(StrEnum):
+    """Who may call a route."""
+
+    PUBLIC = "public"
+    """Anyone, no key."""
+    AGENT = "agent"
+    """The agent key of the rollout in the path (or the admin key)."""
+    GRADER = "grader"
+    """The grader key of the rollout in the path (or the admin key)."""
+    ADMIN = "admin"
+    """Only the admin key (`AGL_KEY`)."""
+
+
+class RouteKind(StrEnum):
+    LLM = "llm"
+    """Forwarded to an inference upstream; captured."""
+    API = "api"
+    """Answered by an addon."""
+
+
+ATTRIBUTED_PREFIX = "/r/{rollout_id}/a/{attempt_id}"
+"""Path prefix that attributes a call to a rollout and attempt (DESIGN.md §2)."""
+
+_PARAM = re.compile(r"\{([a-z_]+)\}")
+_SEGMENT = "[A-Za-z0-9_-]{1,128}"
+ID_PATTERN = re.compile(f"^{_SEGMENT}$")
+"""What a path parameter (rollout id, attempt id, ...) may hold: URL- and label-safe, no dots (keys use them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRoute:
+    name: str
+    method: str
+    path: str
+    """Path pattern; `{name}` matches one path segment."""
+    scope: Scope
+    kind: RouteKind = RouteKind.API
+    summary: str = ""
+
+    @property
+    def attributed(self) -> bool:
+        """Whether the path carries a rollout (and attempt) id."""
+        return "{rollout_id}" in self.path
+
+
+@dataclass(frozen=True, slots=True)
+class RouteMatch:
+    route: HttpRoute
+    params: Mapping[str, str]
+
+
+def model_api_routes(
+    name: str, method: str, path: str, kind: RouteKind, summary: str = ""
+) -> tuple[HttpRoute, ...]:
+    """Declare a model-API endpoint twice: bare for the admin key (unattributed), and under the agent prefix."""
+    return (
+        HttpRoute(name, method, path, Scope.ADMIN, kind, summary),
+        HttpRoute(f"{name}.agent", method, ATTRIBUTED_PREFIX + path, Scope.AGENT, kind, summary),
+    )
+
+
+class RouteTable:
+    """Matches (method, path) to a route: a dict for static paths, compiled patterns for the rest."""
+
+    def __init__(self, routes: Iterable[HttpRoute]) -> None:
+        self.routes: tuple[HttpRoute, ...] = tuple(routes)
+        self._static: dict[str, dict[str, HttpRoute]] = {}
+        self._dynamic: list[tuple[re.Pattern[str], dict[str, HttpRoute]]] = []
+        patterns: dict[str, dict[str, HttpRoute]] = {}
+        for route in self.routes:
+            methods = self._static if "{" not in route.path else patterns
+            by_method = methods.setdefault(route.path, {})
+            if route.method in by_method:
+                raise ConfigError(
+                    f"route {route.method} {route.path} is declared twice "
+                    f"({by_method[route.method].name!r} and {route.name!r})"
+                )
+            by_method[route.method] = route
+        for path, by_method in patterns.items():
+            parts = _PARAM.split(path)  # literal, name, literal, name, ...
+            regex = "".join(
+                re.escape(p) if i % 2 == 0 else f"(?P<{p}>{_SEGMENT})" for i, p in enumerate(parts)
+            )
+            self._dynamic.append((re.compile(regex + "$"), by_method))
+
+    def match(self, method: str, path: str) -> RouteMatch:
+        """The route for a request; NotFound or MethodNotAllowed (with the allowed methods) otherwise."""
+        by_method = self._static.get(path)
+        params: Mapping[str, str] = {}
+        if by_method is None:
+            for regex, candidates in self._dynamic:
+                m = regex.match(path)
+                if m is not None:
+                    by_method, params = candidates, m.groupdict()
+                    break
+            else:
+                raise NotFound(f"no route for {path}")
+        route = by_method.get(method)
+        if route is None and method == "HEAD":
+            route = by_method.get("GET")
+        if route is None:
+            allowed = ", ".join(sorted(by_method))
+            raise MethodNotAllowed(
+                f"{method} is not allowed on {path}; allowed: {allowed}", headers={"Allow": allowed}
+            )
+        return RouteMatch(route, params)

@@ -1,0 +1,301 @@
+"""The aiohttp server: one handler turns each request into a Flow, drives the hooks and relays the upstream stream.
+
+Chunks are written to the client as they arrive (never buffered); only the terminal `data: [DONE]` event (or, for a
+plain body, the last chunk) waits for `response_end`, the commit point. Errors become JSON, never tracebacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from dataclasses import replace
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+from multidict import CIMultiDict
+
+from agl_lite.core.addons import AddonManager
+from agl_lite.core.config import GatewayConfig
+from agl_lite.core.flow import Flow, Request, Response, error_response, json_response
+from agl_lite.core.routes import HttpRoute, RouteKind, RouteTable, Scope
+from agl_lite.core.sse import find_done
+from agl_lite.core.upstream import Upstream, filter_headers
+from agl_lite.errors import ConfigError, HttpError, InternalError, NotFound, PayloadTooLarge, UpstreamError
+
+__all__ = ["CORE_ROUTES", "Gateway"]
+
+log = structlog.get_logger("agl_lite.server")
+
+CORE_ROUTES = (HttpRoute("healthz", "GET", "/healthz", Scope.PUBLIC, RouteKind.API, "Liveness probe."),)
+"""Routes the core answers itself."""
+
+_MID_STREAM_ERROR = b'data: {"error":{"type":"upstream_error","message":"%s","code":502}}\n\n'
+_DONE_TAIL_LEN = 16
+
+
+class Gateway:
+    """The addon chain behind an HTTP server. `start()` binds and fires `running`; `stop()` fires `shutdown`."""
+
+    def __init__(self, config: GatewayConfig, addons: AddonManager) -> None:
+        self.config = config
+        self.addons = addons
+        self.table = RouteTable([*CORE_ROUTES, *addons.routes()])
+        self.upstream = Upstream(config.upstream)
+        self._runner: web.AppRunner | None = None
+        self.port: int = 0
+        self._access_log = config.log.access_log
+
+    # --- lifecycle -----------------------------------------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        app = web.Application(
+            client_max_size=self.config.server.max_body_bytes, handler_args={"max_field_size": 65536}
+        )
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def start(self) -> int:
+        """Bind, configure the addons, serve, and fire `running`; returns the bound port.
+
+        The socket is bound first so that with port 0 the addons are configured with the real port
+        (`config.public_url` is what agents are told).
+        """
+        sock = _bind(self.config.server.host, self.config.server.port)
+        try:
+            self.port = sock.getsockname()[1]
+            if self.config.server.port == 0:
+                self.config = replace(self.config, server=replace(self.config.server, port=self.port))
+            await self.addons.load()
+            await self.addons.configure(self.config)
+            await self.upstream.start()
+            self._runner = web.AppRunner(
+                self.make_app(),
+                access_log=None,
+                handler_cancellation=True,
+                shutdown_timeout=self.config.server.shutdown_timeout,
+            )
+            await self._runner.setup()
+            await web.SockSite(self._runner, sock, backlog=1024).start()
+        except BaseException:
+            sock.close()
+            await self.stop()
+            raise
+        await self.addons.running()
+        log.info("gateway listening", url=self.config.public_url, chain=[a.name for a in self.addons.addons])
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.addons.shutdown()
+        await self.upstream.close()
+
+    # --- one request ---------------------------------------------------------------------------------------------
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            match = self.table.match(request.method, request.path)
+        except HttpError as exc:
+            return _json_web_response(exc.status, exc.body(), exc.headers)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            too_large = PayloadTooLarge(f"request body exceeds {self.config.server.max_body_bytes} bytes")
+            return _json_web_response(too_large.status, too_large.body(), {"Connection": "close"})
+        flow = Flow(
+            request=Request(
+                request.method,
+                request.path,
+                request.query_string,
+                CIMultiDict(request.headers),
+                body,
+                match.params,
+            ),
+            route=match.route,
+        )
+        try:
+            return await self._run_flow(request, flow)
+        finally:
+            flow.t_end = time.monotonic()
+            await self.addons.flow_done(flow)
+            if self._access_log:
+                log.info(
+                    "flow",
+                    method=flow.request.method,
+                    path=flow.request.path,
+                    status=flow.response.status if flow.response else None,
+                    ms=round((flow.t_end - flow.t_start) * 1000, 2),
+                )
+
+    async def _run_flow(self, request: web.Request, flow: Flow) -> web.StreamResponse:
+        await self.addons.request(flow)
+        if flow.response is None and flow.route.name == "healthz":
+            flow.response = json_response(200, {"status": "ok"})
+        if flow.response is not None:
+            return await self._send_short(request, flow)
+        if not flow.upstreams:
+            flow.response = error_response(
+                NotFound(f"nothing answers {flow.request.method} {flow.request.path}")
+            )
+            return await self._send_short(request, flow)
+        try:
+            upstream_resp = await self.upstream.open(flow)
+        except UpstreamError as exc:
+            flow.error = exc
+            await self.addons.error(flow)
+            flow.response = error_response(exc)
+            return await self._send_short(request, flow, hooks=False)
+        try:
+            return await self._relay(request, flow, upstream_resp)
+        finally:
+            # A fully read body returns its connection to the pool; a partial one is closed, never reused.
+            upstream_resp.release()
+            target = flow.upstream
+            if target is not None and target.observer is not None:
+                target.observer.attempt_ended(target, ok=not isinstance(flow.error, UpstreamError))
+
+    async def _send_short(
+        self, request: web.Request, flow: Flow, *, hooks: bool = True
+    ) -> web.StreamResponse:
+        response = flow.response
+        assert response is not None
+        if hooks:
+            await self.addons.response_headers(flow)
+            await self.addons.response_end(flow)
+        out = web.Response(status=response.status, body=response.body, headers=response.headers)
+        flow.bytes_to_client = len(response.body or b"")
+        return out
+
+    async def _relay(
+        self, request: web.Request, flow: Flow, up: aiohttp.ClientResponse
+    ) -> web.StreamResponse:
+        ctype = up.headers.get("Content-Type", "")
+        flow.response = response = Response(
+            status=up.status,
+            headers=filter_headers(up.headers.items()),
+            from_upstream=True,
+            is_event_stream=ctype.startswith("text/event-stream"),
+        )
+        await self.addons.response_headers(flow)
+        out = web.StreamResponse(status=response.status, headers=response.headers)
+        if response.is_event_stream:
+            out.headers["Cache-Control"] = "no-cache"
+            out.headers["X-Accel-Buffering"] = "no"
+        taps, transforms = response.taps, response.transforms
+        ended = False
+        try:
+            await out.prepare(request)
+            pending: bytes | None = None  # plain bodies: the last chunk waits for response_end
+            tail = b"\n"
+            async for chunk in up.content.iter_any():
+                if flow.t_first_byte is None:
+                    flow.t_first_byte = time.monotonic()
+                for tap in taps:
+                    tap(chunk)
+                if transforms:
+                    for t in transforms:
+                        chunk = t(chunk)
+                if response.is_event_stream:
+                    cut = find_done(tail, chunk) if not ended else -1
+                    if cut >= 0:
+                        if cut:
+                            await out.write(chunk[:cut])
+                        ended = True
+                        await self.addons.response_end(flow)
+                        chunk = chunk[cut:]
+                    tail = (tail + chunk)[-_DONE_TAIL_LEN:]
+                    if chunk:
+                        flow.bytes_to_client += len(chunk)
+                        await out.write(chunk)
+                else:
+                    if pending is not None:
+                        flow.bytes_to_client += len(pending)
+                        await out.write(pending)
+                    pending = chunk
+            final = b"".join(t.flush() for t in transforms) if transforms else b""
+            if not ended:
+                ended = True
+                await self.addons.response_end(flow)
+            if pending:
+                final = pending + final
+            if final:
+                flow.bytes_to_client += len(final)
+                await out.write(final)
+            await out.write_eof()
+            return out
+        except asyncio.CancelledError:
+            # aiohttp cancels the handler when the client goes away (handler_cancellation=True): drop the upstream
+            # connection at once so the inference server frees the sequence's KV cache.
+            flow.client_disconnected = True
+            up.close()
+            await self._fail(flow, None, ended)
+            raise
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            flow.client_disconnected = True
+            up.close()
+            await self._fail(flow, None, ended)
+            return out
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            up.close()
+            err = UpstreamError(
+                f"upstream {flow.upstream.name if flow.upstream else ''} failed mid-response: "
+                f"{type(exc).__name__}"
+            )
+            await self._fail(flow, err, ended)
+            if response.is_event_stream and not ended:
+                await _write_quietly(out, _MID_STREAM_ERROR % err.message.encode())
+            else:
+                # A plain body cannot signal an error once its status went out: cut the connection instead.
+                if request.transport is not None:
+                    request.transport.close()
+                return out
+            await _write_eof_quietly(out)
+            return out
+        except Exception as exc:
+            up.close()
+            log.error("relay failed", error=repr(exc), exc_info=exc)
+            await self._fail(flow, InternalError("internal error while relaying the response"), ended)
+            if request.transport is not None:
+                request.transport.close()
+            return out
+
+    async def _fail(self, flow: Flow, err: HttpError | None, ended: bool) -> None:
+        """`error` fires instead of `response_end`: once the response was committed, a late failure is only noted."""
+        if err is not None:
+            flow.error = err
+        if not ended:
+            await self.addons.error(flow)
+
+
+async def _write_quietly(out: web.StreamResponse, data: bytes) -> None:
+    with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+        await out.write(data)
+
+
+async def _write_eof_quietly(out: web.StreamResponse) -> None:
+    with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+        await out.write_eof()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    sock.setblocking(False)
+    return sock
+
+
+def _json_web_response(
+    status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.json_response(body, status=status, headers=headers)

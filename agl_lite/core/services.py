@@ -1,0 +1,53 @@
+"""Shared services addons provide to and look up from each other without importing each other.
+
+Keys are typed (`ServiceKey[T]`), like aiohttp's `AppKey`: a store addon provides `STORE`, a runner requires it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar, cast
+
+from agl_lite.core.tasks import TaskSet
+from agl_lite.errors import ConfigError
+
+__all__ = ["LoadContext", "ServiceKey", "Services"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceKey(Generic[T]):
+    name: str
+
+
+class Services:
+    def __init__(self) -> None:
+        self._items: dict[str, tuple[str, Any]] = {}
+
+    def provide(self, key: ServiceKey[T], value: T, *, by: str) -> None:
+        if key.name in self._items:
+            raise ConfigError(
+                f"service {key.name!r} is provided twice (by {self._items[key.name][0]!r} and {by!r})"
+            )
+        self._items[key.name] = (by, value)
+
+    def get(self, key: ServiceKey[T]) -> T | None:
+        item = self._items.get(key.name)
+        return None if item is None else cast(T, item[1])
+
+    def require(self, key: ServiceKey[T], *, by: str) -> T:
+        value = self.get(key)
+        if value is None:
+            raise ConfigError(
+                f"addon {by!r} needs the service {key.name!r}; add an addon that provides it to the chain"
+            )
+        return value
+
+
+@dataclass(slots=True)
+class LoadContext:
+    """What `load` hands each addon: shared services and the task owner for background loops."""
+
+    services: Services = field(default_factory=Services)
+    tasks: TaskSet = field(default_factory=TaskSet)

@@ -1,0 +1,111 @@
+"""Incremental server-sent-events parsing at byte level, for taps that watch a stream as it passes.
+
+Feed it chunks exactly as they arrive (any split, LF, CRLF or CR line ends, comments, lines of any length); it
+returns complete events. It never sits on the relay path itself and never decodes JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SSEEvent", "SSEParser", "find_done"]
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    data: bytes
+    """The event's data lines joined with `\\n` (the `data:` prefix and one leading space removed)."""
+    event: str | None = None
+    id: str | None = None
+
+
+class SSEParser:
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._scan = 0  # bytes of _buf already searched for a line end; keeps 1 MB lines O(n)
+        self._data: list[bytes] = []
+        self._event: str | None = None
+        self._id: str | None = None
+        self._skip_lf = (
+            False  # the previous chunk ended with CR: a LF right after it belongs to that line end
+        )
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Events completed by this chunk, in order."""
+        if self._skip_lf and chunk:
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        buf = self._buf
+        buf += chunk
+        events: list[SSEEvent] = []
+        start = 0
+        i = self._scan
+        n = len(buf)
+        while i < n:
+            c = buf[i]
+            if c != 10 and c != 13:  # fast path: look for the next CR or LF
+                lf = buf.find(b"\n", i)
+                cr = buf.find(b"\r", i)
+                if lf < 0 and cr < 0:
+                    i = n
+                    break
+                i = lf if cr < 0 else cr if lf < 0 else min(lf, cr)
+                continue
+            line = bytes(buf[start:i])
+            if c == 13:
+                if i + 1 < n:
+                    if buf[i + 1] == 10:
+                        i += 1
+                else:
+                    self._skip_lf = True
+            i += 1
+            start = i
+            event = self._line(line)
+            if event is not None:
+                events.append(event)
+        del buf[:start]
+        self._scan = len(buf)
+        return events
+
+    def _line(self, line: bytes) -> SSEEvent | None:
+        if not line:
+            if not self._data and self._event is None:
+                return None
+            event = SSEEvent(b"\n".join(self._data), self._event, self._id)
+            self._data = []
+            self._event = None
+            return event
+        if line[:1] == b":":
+            return None
+        name, sep, value = line.partition(b":")
+        if sep and value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":
+            self._data.append(value)
+        elif name == b"event":
+            self._event = value.decode("utf-8", "replace")
+        elif name == b"id":
+            self._id = value.decode("utf-8", "replace")
+        return None
+
+
+_DONE_MARKERS = (b"\ndata: [DONE]", b"\ndata:[DONE]", b"\rdata: [DONE]", b"\rdata:[DONE]")
+
+
+def find_done(tail: bytes, chunk: bytes) -> int:
+    """Where, in `chunk`, the terminal `data: [DONE]` line of an OpenAI stream starts; -1 if it does not.
+
+    `tail` is the end of the previous chunks (at least 13 bytes, or `b"\\n"` at stream start), so a marker split
+    across reads is found too; then 0 is returned (its start was already sent, its end was not). A `[DONE]` inside
+    JSON content cannot match: a data line holds no raw line break.
+    """
+    window = tail + chunk
+    best = -1
+    for marker in _DONE_MARKERS:
+        pos = window.find(marker)
+        if pos >= 0 and (best < 0 or pos < best):
+            best = pos
+    if best < 0:
+        return -1
+    return max(0, best + 1 - len(tail))

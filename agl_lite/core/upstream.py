@@ -1,0 +1,141 @@
+"""Opening upstream responses: one ClientSession per process, explicit timeouts, hop-by-hop headers dropped.
+
+`Upstream.open` tries the flow's targets in order and returns the first usable response; it retries only on
+connect failures and the configured statuses, i.e. always before any byte reached the client. It never reads
+the body (the relay in `server.py` streams it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+
+import aiohttp
+import structlog
+from multidict import CIMultiDict
+
+from agl_lite.core.config import UpstreamConfig
+from agl_lite.core.flow import Flow, UpstreamTarget
+from agl_lite.errors import UpstreamError, UpstreamTimeout
+
+__all__ = ["HOP_BY_HOP", "Upstream", "filter_headers"]
+
+log = structlog.get_logger("agl_lite.upstream")
+
+HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "Proxy-Connection",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Host",
+        "Content-Length",
+    )
+)
+"""Headers that describe one connection, not the message; never relayed in either direction."""
+
+_CLIENT_CREDENTIALS = frozenset({"authorization", "x-api-key"})
+
+
+def filter_headers(
+    headers: Mapping[str, str] | Iterable[tuple[str, str]], *, drop: frozenset[str] = frozenset()
+) -> CIMultiDict[str]:
+    """A copy without hop-by-hop headers (and without the extra names in `drop`, lower-case)."""
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return CIMultiDict((k, v) for k, v in items if (kl := k.lower()) not in HOP_BY_HOP and kl not in drop)
+
+
+class Upstream:
+    def __init__(self, config: UpstreamConfig) -> None:
+        self.config = config
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(
+            limit=self.config.max_connections,
+            limit_per_host=0,
+            keepalive_timeout=self.config.keepalive_timeout,
+            enable_cleanup_closed=False,
+        )
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=None,
+            sock_connect=self.config.connect_timeout,
+            sock_read=self.config.read_timeout,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("Upstream.start() was not awaited")
+        return self._session
+
+    async def open(self, flow: Flow) -> aiohttp.ClientResponse:
+        """The first usable upstream response for the flow; UpstreamError when every target failed."""
+        targets = flow.upstreams
+        base_headers = filter_headers(flow.request.headers, drop=_CLIENT_CREDENTIALS | {"accept-encoding"})
+        base_headers["Accept-Encoding"] = "identity"
+        last_error: UpstreamError | None = None
+        for i, target in enumerate(targets):
+            last = i == len(targets) - 1
+            headers = base_headers.copy()
+            headers.update(target.headers)
+            body = flow.request.upstream_body(target.json_patch)
+            if target.observer is not None:
+                target.observer.attempt_started(target)
+            try:
+                resp = await self.session.request(
+                    flow.request.method, target.url, data=body, headers=headers, allow_redirects=False
+                )
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                last_error = _map_error(exc, target)
+                self._ended(target, ok=False)
+                log.warning(
+                    "upstream attempt failed",
+                    upstream=target.name,
+                    error=last_error.message,
+                    retrying=not last,
+                )
+                continue
+            if resp.status in self.config.retry_on_status and not last:
+                log.warning("upstream answered a retryable status", upstream=target.name, status=resp.status)
+                resp.release()
+                self._ended(target, ok=False)
+                last_error = UpstreamError(f"upstream {target.name} answered {resp.status}")
+                continue
+            flow.upstream = target
+            return resp
+        raise last_error or UpstreamError("no upstream is configured for this request")
+
+    @staticmethod
+    def _ended(target: UpstreamTarget, *, ok: bool) -> None:
+        if target.observer is not None:
+            target.observer.attempt_ended(target, ok=ok)
+
+
+def _map_error(exc: BaseException, target: UpstreamTarget) -> UpstreamError:
+    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+        return UpstreamTimeout(f"upstream {target.name} timed out")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return UpstreamError(
+            f"cannot connect to upstream {target.name}: {exc.os_error.strerror or exc.os_error}"
+        )
+    return UpstreamError(f"upstream {target.name} failed: {type(exc).__name__}")

@@ -1,0 +1,123 @@
+"""The one exception tree of agl-lite; library errors are mapped onto it at the boundary.
+
+    AglLiteError
+    ├── ConfigError            bad config file or value; start-up stops with its message
+    ├── AddonLoadError         an addon name or "module:Class" string that cannot be resolved
+    └── HttpError              answered to the client as JSON {"error": {"type", "message"}}
+        ├── BadRequest          400 invalid_request
+        ├── Unauthorized        401 unauthorized
+        ├── Forbidden           403 forbidden
+        ├── NotFound            404 not_found (ModelNotFound: 404 model_not_found)
+        ├── MethodNotAllowed    405 method_not_allowed
+        ├── PayloadTooLarge     413 payload_too_large
+        ├── TooManyRequests     429 rate_limited
+        ├── InternalError       500 internal_error
+        └── UpstreamError       502 upstream_error (UpstreamTimeout: 504 upstream_timeout)
+
+Each HttpError carries a stable `type` string that clients map on; `message` is for humans and never holds a key.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "AddonLoadError",
+    "AglLiteError",
+    "BadRequest",
+    "ConfigError",
+    "Forbidden",
+    "HttpError",
+    "InternalError",
+    "MethodNotAllowed",
+    "ModelNotFound",
+    "NotFound",
+    "PayloadTooLarge",
+    "TooManyRequests",
+    "Unauthorized",
+    "UpstreamError",
+    "UpstreamTimeout",
+]
+
+
+class AglLiteError(Exception):
+    """Base of every error agl-lite raises on purpose."""
+
+
+class ConfigError(AglLiteError):
+    """A config file or value is invalid; the message names the key and the file."""
+
+
+class AddonLoadError(ConfigError):
+    """An addon name or import string cannot be resolved to a class."""
+
+
+class HttpError(AglLiteError):
+    """An error answered to the HTTP client as a JSON body."""
+
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+        self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body: `{"error": {"type", "message", "code", ...extra}}`."""
+        return {"error": {"type": self.type, "message": self.message, "code": self.status, **self.extra}}
+
+
+class BadRequest(HttpError):
+    status = 400
+    type = "invalid_request"
+
+
+class Unauthorized(HttpError):
+    status = 401
+    type = "unauthorized"
+
+
+class Forbidden(HttpError):
+    status = 403
+    type = "forbidden"
+
+
+class NotFound(HttpError):
+    status = 404
+    type = "not_found"
+
+
+class ModelNotFound(NotFound):
+    type = "model_not_found"
+
+
+class MethodNotAllowed(HttpError):
+    status = 405
+    type = "method_not_allowed"
+
+
+class PayloadTooLarge(HttpError):
+    status = 413
+    type = "payload_too_large"
+
+
+class TooManyRequests(HttpError):
+    status = 429
+    type = "rate_limited"
+
+
+class InternalError(HttpError):
+    status = 500
+    type = "internal_error"
+
+
+class UpstreamError(HttpError):
+    status = 502
+    type = "upstream_error"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    type = "upstream_timeout"

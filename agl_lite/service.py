@@ -1,0 +1,59 @@
+"""Building and running the gateway from a config: what `agl-lite run` and the tests call.
+
+Owns start-up order (chain → load → configure → bind → running) and graceful shutdown on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from agl_lite.core.addons import AddonManager, LoadedAddon, load_chain
+from agl_lite.core.config import GatewayConfig
+from agl_lite.core.logs import configure_logging
+from agl_lite.core.server import Gateway
+
+__all__ = ["build_gateway", "check_config", "running_gateway", "serve"]
+
+
+def build_gateway(config: GatewayConfig, extra_addons: Sequence[Any] = ()) -> Gateway:
+    """A gateway with the config's addon chain instantiated (nothing started yet).
+
+    `extra_addons` are addon instances appended to the chain, e.g. a probe in a test.
+    """
+    chain = load_chain(config)
+    chain += [LoadedAddon(type(addon).__name__, addon) for addon in extra_addons]
+    return Gateway(config, AddonManager(chain))
+
+
+async def check_config(config: GatewayConfig) -> Gateway:
+    """Instantiate and configure every addon without binding a socket; raises ConfigError on any problem."""
+    gateway = build_gateway(config)
+    await gateway.addons.load()
+    await gateway.addons.configure(config)
+    return gateway
+
+
+@asynccontextmanager
+async def running_gateway(config: GatewayConfig, extra_addons: Sequence[Any] = ()) -> AsyncIterator[Gateway]:
+    """Start the gateway (port 0 gives a free port, in `gateway.port`) and stop it on exit."""
+    gateway = build_gateway(config, extra_addons)
+    await gateway.start()
+    try:
+        yield gateway
+    finally:
+        await gateway.stop()
+
+
+async def serve(config: GatewayConfig) -> None:
+    """Run until SIGINT or SIGTERM, then shut down gracefully."""
+    configure_logging(config.log.level, config.log.format)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with running_gateway(config):
+        await stop.wait()

@@ -1,0 +1,85 @@
+"""Regenerate the generated sections of docs/ (between `<!-- BEGIN GENERATED: x -->` and its END marker).
+
+`--check` exits 1 when a section is out of date (the test suite runs it), instead of writing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from agl_lite.core import config, hooks
+from agl_lite.core.registry import ADDONS, resolve_addon
+from agl_lite.core.routes import HttpRoute
+from agl_lite.core.server import CORE_ROUTES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def addon_options() -> str:
+    parts = []
+    for name in ADDONS:
+        options = getattr(resolve_addon(name), "Options", None)
+        if options is not None:
+            parts.append(f"### `[addons.{name}]`\n\n" + config.reference_markdown(options))
+    return "\n".join(parts)
+
+
+def routes_file() -> str:
+    from agl_lite.addons.route import ModelRoute, UpstreamSpec
+
+    return (
+        "### `[models.NAME]`\n\n"
+        + config.reference_markdown(ModelRoute)
+        + "\n### `[[models.NAME.upstreams]]`\n\n"
+        + config.reference_markdown(UpstreamSpec)
+    )
+
+
+def http_routes() -> str:
+    routes: list[HttpRoute] = list(CORE_ROUTES)
+    for name in ADDONS:
+        cls = resolve_addon(name)
+        routes.extend(getattr(cls, "routes", ()))
+    lines = ["| method | path | scope | kind | what |", "|---|---|---|---|---|"]
+    lines += [f"| {r.method} | `{r.path}` | {r.scope.value} | {r.kind.value} | {r.summary} |" for r in routes]
+    return "\n".join(lines) + "\n"
+
+
+SECTIONS = {
+    "hooks": hooks.reference_markdown,
+    "config": lambda: config.reference_markdown(config.GatewayConfig),
+    "addon-options": addon_options,
+    "routes-file": routes_file,
+    "http-routes": http_routes,
+}
+
+MARKER = re.compile(r"(<!-- BEGIN GENERATED: ([\w-]+) -->\n)(.*?)(<!-- END GENERATED: \2 -->)", re.S)
+
+
+def render(text: str) -> str:
+    return MARKER.sub(lambda m: m.group(1) + SECTIONS[m.group(2)]() + m.group(4), text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--check", action="store_true", help="fail if a generated section is out of date")
+    args = parser.parse_args()
+    stale = []
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        text = path.read_text()
+        new = render(text)
+        if new != text:
+            stale.append(path.relative_to(ROOT))
+            if not args.check:
+                path.write_text(new)
+    if args.check and stale:
+        print(f"out of date (run `make docs`): {', '.join(map(str, stale))}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

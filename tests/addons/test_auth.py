@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agl_lite.addons.auth import Auth
+from agl_lite.addons.route import Route
+from agl_lite.core.config import GatewayConfig
+from agl_lite.core.flow import Flow
+from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.errors import ConfigError, Forbidden, Unauthorized
+from agl_lite.testing.flows import make_flow
+from tests.conftest import ADMIN_KEY
+
+AGENT_PATH = "/r/ro-1/a/at-1/v1/chat/completions"
+
+
+def auth() -> Auth:
+    addon = Auth()
+    addon.configure(GatewayConfig(), Auth.Options())
+    return addon
+
+
+def flow(path: str, headers: dict[str, str] | None = None) -> Flow:
+    return make_flow("POST", path, json_body={"model": "m"}, headers=headers, routes=Route.routes)
+
+
+def test_admin_key_passes_on_bare_path() -> None:
+    f = flow("/v1/chat/completions", {"Authorization": f"Bearer {ADMIN_KEY}"})
+    auth().request(f)
+    assert f.metadata["auth.role"] is KeyRole.ADMIN
+    assert "auth.rollout_id" not in f.metadata
+
+
+def test_agent_key_attributes_the_call() -> None:
+    f = flow(AGENT_PATH, {"Authorization": f"Bearer {derive_key(ADMIN_KEY, 'ro-1')}"})
+    auth().request(f)
+    assert f.metadata["auth.role"] is KeyRole.AGENT
+    assert (f.metadata["auth.rollout_id"], f.metadata["auth.attempt_id"]) == ("ro-1", "at-1")
+
+
+def test_x_api_key_header_is_accepted() -> None:
+    f = flow(AGENT_PATH, {"x-api-key": derive_key(ADMIN_KEY, "ro-1")})
+    auth().request(f)
+    assert f.metadata["auth.role"] is KeyRole.AGENT
+
+
+def test_missing_key_is_401() -> None:
+    with pytest.raises(Unauthorized, match="missing API key"):
+        auth().request(flow(AGENT_PATH))
+
+
+def test_invalid_key_is_401_and_message_does_not_echo_it() -> None:
+    with pytest.raises(Unauthorized) as info:
+        auth().request(flow(AGENT_PATH, {"Authorization": "Bearer sk-secret-guess"}))
+    assert "sk-secret-guess" not in json.dumps(info.value.body())
+
+
+def test_another_rollouts_key_is_403() -> None:
+    with pytest.raises(Forbidden, match="another rollout"):
+        auth().request(flow(AGENT_PATH, {"Authorization": f"Bearer {derive_key(ADMIN_KEY, 'ro-2')}"}))
+
+
+def test_agent_key_on_admin_route_is_403() -> None:
+    with pytest.raises(Forbidden, match="needs the admin key"):
+        auth().request(
+            flow("/v1/chat/completions", {"Authorization": f"Bearer {derive_key(ADMIN_KEY, 'ro-1')}"})
+        )
+
+
+def test_grader_key_on_agent_route_is_403() -> None:
+    key = derive_key(ADMIN_KEY, "ro-1", KeyRole.GRADER)
+    with pytest.raises(Forbidden, match="grader key cannot call"):
+        auth().request(flow(AGENT_PATH, {"Authorization": f"Bearer {key}"}))
+
+
+def test_public_route_needs_no_key() -> None:
+    f = make_flow("GET", "/healthz")
+    auth().request(f)
+    assert f.response is None
+
+
+def test_missing_admin_key_stops_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AGL_KEY")
+    with pytest.raises(ConfigError, match="export AGL_KEY="):
+        Auth().configure(GatewayConfig(), Auth.Options())
+
+
+def test_short_admin_key_stops_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGL_KEY", "short")
+    with pytest.raises(ConfigError, match="too short"):
+        Auth().configure(GatewayConfig(), Auth.Options())

@@ -1,0 +1,43 @@
+"""Shared fixtures: the admin key in the environment, and a gateway on a free port in front of any upstream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agl_lite.core.server import Gateway
+from agl_lite.service import running_gateway
+from agl_lite.testing.gateway import write_config
+
+ADMIN_KEY = "test-admin-key-0123456789"
+
+GatewayFactory = Callable[..., AbstractAsyncContextManager[Gateway]]
+
+
+@pytest.fixture(autouse=True)
+def admin_key(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("AGL_KEY", ADMIN_KEY)
+    return ADMIN_KEY
+
+
+@pytest.fixture
+def gateway_factory(tmp_path: Path) -> GatewayFactory:
+    """`async with gateway_factory({"model": [base_url, ...]}, **write_config_kwargs) as gw:`"""
+    counter = iter(range(1000))
+
+    @asynccontextmanager
+    async def factory(upstreams: dict[str, list[str]], **kwargs: Any) -> AsyncIterator[Gateway]:
+        extra_addons = kwargs.pop("extra_addons", ())
+        config = write_config(tmp_path / f"gw{next(counter)}", upstreams, **kwargs)
+        async with running_gateway(config, extra_addons) as gw:
+            yield gw
+
+    return factory
+
+
+def gateway_url(gw: Gateway) -> str:
+    return f"http://127.0.0.1:{gw.port}"

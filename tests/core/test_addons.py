@@ -1,0 +1,139 @@
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agl_lite.core.addons import AddonManager, LoadedAddon, load_chain
+from agl_lite.core.config import load_config, option
+from agl_lite.core.flow import Flow, json_response
+from agl_lite.errors import AddonLoadError, ConfigError, Forbidden
+from agl_lite.testing.flows import make_flow
+
+
+def flow() -> Flow:
+    return make_flow("GET", "/healthz")
+
+
+class Recorder:
+    def __init__(self, name: str, calls: list[str]) -> None:
+        self.name, self.calls = name, calls
+
+    def request(self, flow: Flow) -> None:
+        self.calls.append(f"{self.name}.request")
+
+    async def response_end(self, flow: Flow) -> None:
+        self.calls.append(f"{self.name}.response_end")
+
+
+class Answers:
+    def request(self, flow: Flow) -> None:
+        flow.response = json_response(418, {"teapot": True})
+
+
+class Crashes:
+    def request(self, flow: Flow) -> None:
+        raise RuntimeError("boom")
+
+    def response_end(self, flow: Flow) -> None:
+        raise RuntimeError("boom")
+
+
+class Refuses:
+    async def request(self, flow: Flow) -> None:
+        raise Forbidden("not you")
+
+
+def manager(*addons: Any) -> AddonManager:
+    return AddonManager([LoadedAddon(type(a).__name__, a) for a in addons])
+
+
+async def test_sync_and_async_handlers_run_in_chain_order() -> None:
+    calls: list[str] = []
+    m = manager(Recorder("a", calls), Recorder("b", calls))
+    f = flow()
+    await m.request(f)
+    await m.response_end(f)
+    assert calls == ["a.request", "b.request", "a.response_end", "b.response_end"]
+
+
+async def test_short_circuit_skips_later_request_handlers() -> None:
+    calls: list[str] = []
+    f = flow()
+    await manager(Answers(), Recorder("late", calls)).request(f)
+    assert f.response is not None
+    assert f.response.status == 418
+    assert calls == []
+
+
+async def test_http_error_in_request_becomes_its_json_answer() -> None:
+    f = flow()
+    await manager(Refuses()).request(f)
+    assert f.response is not None
+    assert f.response.status == 403
+    assert json.loads(f.response.body or b"")["error"] == {
+        "type": "forbidden",
+        "message": "not you",
+        "code": 403,
+    }
+
+
+async def test_crash_in_request_fails_closed_without_traceback_to_client() -> None:
+    calls: list[str] = []
+    f = flow()
+    await manager(Crashes(), Recorder("after", calls)).request(f)
+    assert f.response is not None
+    assert f.response.status == 500
+    body = json.loads(f.response.body or b"")
+    assert body["error"]["type"] == "internal_error"
+    assert "boom" not in json.dumps(body)
+    assert "Traceback" not in json.dumps(body)
+    assert calls == []
+
+
+async def test_crash_in_response_hook_is_contained_and_chain_goes_on() -> None:
+    calls: list[str] = []
+    f = flow()
+    await manager(Crashes(), Recorder("after", calls)).response_end(f)
+    assert calls == ["after.response_end"]
+
+
+def test_unknown_addon_name_is_a_readable_error(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[addons]\nchain = ["auth", "nope"]\n')
+    with pytest.raises(AddonLoadError, match="unknown addon 'nope': use one of auth, route"):
+        load_chain(load_config(path))
+
+
+def test_import_string_that_does_not_resolve(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[addons]\nchain = ["no_such_module_x:Thing"]\n')
+    with pytest.raises(AddonLoadError, match="cannot import module 'no_such_module_x'"):
+        load_chain(load_config(path))
+
+
+class WithOptions:
+    @dataclass(frozen=True)
+    class Options:
+        limit: int = option(3, "A limit.")
+
+
+def test_addon_options_are_checked_by_its_options_class(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    spec = f"{__name__}:WithOptions"
+    path.write_text(f'[addons]\nchain = ["{spec}"]\n[addons."{spec}"]\nlimit = 7\n')
+    (loaded,) = load_chain(load_config(path))
+    assert loaded.options == WithOptions.Options(limit=7)
+    path.write_text(f'[addons]\nchain = ["{spec}"]\n[addons."{spec}"]\nlimmit = 7\n')
+    with pytest.raises(ConfigError, match=r"unknown key 'addons\..*limmit' \(did you mean 'limit'\?\)"):
+        load_chain(load_config(path))
+
+
+def test_addon_listed_twice_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[addons]\nchain = ["auth", "auth"]\n')
+    with pytest.raises(ConfigError, match="appears twice"):
+        load_chain(load_config(path))

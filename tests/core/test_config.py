@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agl_lite.core.config import GatewayConfig, load_config
+from agl_lite.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "agl-lite.toml"
+    path.write_text(text)
+    return path
+
+
+def test_empty_file_gives_defaults(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, ""))
+    assert config.server == GatewayConfig().server
+    assert config.chain == ("auth", "route")
+    assert config.routes_path == tmp_path / "routes.toml"
+
+
+def test_values_are_parsed_into_frozen_dataclasses(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, "[server]\nport = 9000\n[upstream]\nread_timeout = 5\n"))
+    assert config.server.port == 9000
+    assert config.upstream.read_timeout == 5.0
+    with pytest.raises(AttributeError):
+        config.server.port = 1  # type: ignore[misc]
+
+
+def test_unknown_key_names_key_and_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[server]\nprot = 9000\n")
+    with pytest.raises(
+        ConfigError, match=r"agl-lite.toml: unknown key 'server.prot' \(did you mean 'port'\?\)"
+    ):
+        load_config(path)
+
+
+def test_wrong_type_names_key_and_expected_type(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"server.port must be an integer, got str '80'"):
+        load_config(write(tmp_path, '[server]\nport = "80"\n'))
+
+
+def test_bool_is_not_an_integer(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"server\.port must be an integer"):
+        load_config(write(tmp_path, "[server]\nport = true\n"))
+
+
+def test_literal_lists_choices(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"log\.format must be one of 'console', 'json'"):
+        load_config(write(tmp_path, '[log]\nformat = "xml"\n'))
+
+
+def test_invalid_toml_names_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(write(tmp_path, "[server\n"))
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_options_for_an_addon_not_in_the_chain(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"\[addons.route\] configures an addon that is not in addons.chain"
+    ):
+        load_config(write(tmp_path, '[addons]\nchain = ["auth"]\n[addons.route]\ncooldown_s = 1.0\n'))
+
+
+def test_public_url_defaults_to_listen_address(tmp_path: Path) -> None:
+    assert (
+        load_config(write(tmp_path, '[server]\nhost = "0.0.0.0"\nport = 81\n')).public_url
+        == "http://127.0.0.1:81"
+    )
+    config = load_config(write(tmp_path, '[server]\npublic_url = "http://gw.example:8100/"\n'))
+    assert config.public_url == "http://gw.example:8100"

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import pytest
+
+from agl_lite.core.routes import HttpRoute, RouteKind, RouteTable, Scope, model_api_routes
+from agl_lite.errors import ConfigError, MethodNotAllowed, NotFound
+
+TABLE = RouteTable(
+    [
+        HttpRoute("healthz", "GET", "/healthz", Scope.PUBLIC),
+        *model_api_routes("chat", "POST", "/v1/chat/completions", RouteKind.LLM),
+    ]
+)
+
+
+def test_static_path_matches() -> None:
+    assert TABLE.match("GET", "/healthz").route.name == "healthz"
+
+
+def test_attributed_path_yields_rollout_and_attempt() -> None:
+    match = TABLE.match("POST", "/r/ro-1/a/att_2/v1/chat/completions")
+    assert match.route.name == "chat.agent"
+    assert match.route.scope is Scope.AGENT
+    assert dict(match.params) == {"rollout_id": "ro-1", "attempt_id": "att_2"}
+
+
+def test_unknown_path_is_not_found() -> None:
+    with pytest.raises(NotFound):
+        TABLE.match("GET", "/v2/nothing")
+
+
+def test_wrong_method_lists_allowed_methods() -> None:
+    with pytest.raises(MethodNotAllowed) as info:
+        TABLE.match("GET", "/v1/chat/completions")
+    assert info.value.headers == {"Allow": "POST"}
+
+
+def test_head_is_served_by_get() -> None:
+    assert TABLE.match("HEAD", "/healthz").route.name == "healthz"
+
+
+@pytest.mark.parametrize("rollout", ["a.b", "a%2Fb", "", "x" * 129])
+def test_ids_outside_the_safe_charset_do_not_match(rollout: str) -> None:
+    with pytest.raises(NotFound):
+        TABLE.match("POST", f"/r/{rollout}/a/1/v1/chat/completions")
+
+
+def test_duplicate_route_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="declared twice"):
+        RouteTable([HttpRoute("a", "GET", "/x", Scope.PUBLIC), HttpRoute("b", "GET", "/x", Scope.ADMIN)])

@@ -1,0 +1,314 @@
+"""The relay: chunks flow as they come, the commit point holds the end, failures are contained and JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from agl_lite.core.flow import Flow
+from agl_lite.testing.servers import serve_app
+from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
+
+AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def chunk(text: str) -> bytes:
+    return b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]}).encode() + b"\n\n"
+
+
+class Probe:
+    """Counts hooks per flow and can hold `response_end` until released."""
+
+    def __init__(self, *, hold_end: bool = False) -> None:
+        self.calls: Counter[str] = Counter()
+        self.flows: list[Flow] = []
+        self.hold_end = hold_end
+        self.end_entered = asyncio.Event()
+        self.release_end = asyncio.Event()
+        self.done = asyncio.Event()
+
+    async def response_end(self, flow: Flow) -> None:
+        self.calls["response_end"] += 1
+        self.end_entered.set()
+        if self.hold_end:
+            await self.release_end.wait()
+
+    def error(self, flow: Flow) -> None:
+        self.calls["error"] += 1
+
+    def flow_done(self, flow: Flow) -> None:
+        self.calls["flow_done"] += 1
+        self.flows.append(flow)
+        self.done.set()
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
+    """`url = await upstream(handler)`: serve one POST handler at /v1/chat/completions; returns the base URL."""
+    stack: list[object] = []
+
+    async def start(handler: Handler) -> str:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", handler)
+        cm = serve_app(app)
+        url = await cm.__aenter__()
+        stack.append(cm)
+        return url + "/v1"
+
+    yield start
+    for cm in reversed(stack):
+        await cm.__aexit__(None, None, None)  # type: ignore[attr-defined]
+
+
+async def sse_start(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    return resp
+
+
+async def test_chunk_reaches_client_before_upstream_sends_the_next(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
+) -> None:
+    next_chunk = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await sse_start(request)
+        await resp.write(chunk("first"))
+        await next_chunk.wait()  # the second chunk goes only once the client holds the first
+        await resp.write(chunk("second"))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    base = await upstream(handler)
+    async with gateway_factory({"m": [base]}) as gw, aiohttp.ClientSession() as s, s.post(
+        gateway_url(gw) + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH
+    ) as r:
+        assert r.status == 200
+        first = await asyncio.wait_for(r.content.readuntil(b"\n\n"), 5)
+        assert b"first" in first
+        next_chunk.set()
+        rest = await asyncio.wait_for(r.content.read(), 5)
+    assert rest == chunk("second") + b"data: [DONE]\n\n"
+
+
+async def test_done_is_released_only_after_response_end(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
+) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await sse_start(request)
+        await resp.write(
+            chunk("a") + b"data: [DONE]\n\n"
+        )  # one read holds both: the split must happen inside it
+        return resp
+
+    probe = Probe(hold_end=True)
+    base = await upstream(handler)
+    async with gateway_factory({"m": [base]}, extra_addons=[probe]) as gw, aiohttp.ClientSession() as s:
+        async with s.post(
+            gateway_url(gw) + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH
+        ) as r:
+            assert await asyncio.wait_for(r.content.readuntil(b"\n\n"), 5) == chunk("a")
+            await asyncio.wait_for(probe.end_entered.wait(), 5)
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(r.content.readuntil(b"[DONE]"), 0.3)
+            probe.release_end.set()
+            assert await asyncio.wait_for(r.content.read(), 5) == b"data: [DONE]\n\n"
+    assert probe.calls == {"response_end": 1, "flow_done": 1}
+
+
+async def test_plain_body_is_released_only_after_response_end(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
+) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"id": "x", "choices": []})
+
+    probe = Probe(hold_end=True)
+    base = await upstream(handler)
+    async with gateway_factory({"m": [base]}, extra_addons=[probe]) as gw, aiohttp.ClientSession() as s:
+        async with s.post(gateway_url(gw) + "/v1/chat/completions", json=CHAT, headers=AUTH) as r:
+            await asyncio.wait_for(probe.end_entered.wait(), 5)
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(r.content.read(), 0.3)
+            probe.release_end.set()
+            assert json.loads(await asyncio.wait_for(r.content.read(), 5)) == {"id": "x", "choices": []}
+
+
+async def test_upstream_reset_mid_stream_gives_in_band_error_and_ends(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
+) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await sse_start(request)
+        await resp.write(chunk("partial"))
+        assert request.transport is not None
+        request.transport.abort()  # connection reset: no [DONE], no chunk terminator
+        return resp
+
+    probe = Probe()
+    base = await upstream(handler)
+    async with gateway_factory({"m": [base]}, extra_addons=[probe]) as gw, aiohttp.ClientSession() as s:
+        async with s.post(
+            gateway_url(gw) + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH
+        ) as r:
+            body = await asyncio.wait_for(r.content.read(), 5)
+        await asyncio.wait_for(probe.done.wait(), 5)
+    events = [e for e in body.split(b"\n\n") if e]
+    assert events[0] == chunk("partial").rstrip(b"\n")
+    error = json.loads(events[-1].removeprefix(b"data: "))
+    assert error["error"]["type"] == "upstream_error"
+    assert b"[DONE]" not in body
+    assert probe.calls == {"error": 1, "flow_done": 1}
+    assert probe.flows[0].error is not None
+
+
+async def test_client_disconnect_closes_the_upstream_connection(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
+) -> None:
+    upstream_closed = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await sse_start(request)
+        await resp.write(chunk("one"))
+        try:
+            await asyncio.Event().wait()  # stall until the gateway drops us
+        finally:
+            upstream_closed.set()
+        return resp
+
+    probe = Probe()
+    base = await upstream(handler)
+    async with gateway_factory({"m": [base]}, extra_addons=[probe]) as gw:
+        async with aiohttp.ClientSession() as s:
+            r = await s.post(
+                gateway_url(gw) + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH
+            )
+            await asyncio.wait_for(r.content.readuntil(b"\n\n"), 5)
+            r.close()  # the client goes away mid-stream
+        await asyncio.wait_for(upstream_closed.wait(), 5)
+        await asyncio.wait_for(probe.done.wait(), 5)
+    assert probe.flows[0].client_disconnected
+    assert probe.calls == {"error": 1, "flow_done": 1}
+
+
+async def test_upstream_down_gives_502_json_and_gateway_keeps_serving(
+    upstream: Callable[[Handler], Awaitable[str]],
+    gateway_factory: GatewayFactory,
+    unused_tcp_port_factory: Callable[[], int],
+) -> None:
+    async def ok(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"ok": True})
+
+    dead = [f"http://127.0.0.1:{unused_tcp_port_factory()}/v1" for _ in range(2)]
+    live = await upstream(ok)
+    async with gateway_factory({"down": dead, "up": [live]}) as gw, aiohttp.ClientSession() as s:
+        url = gateway_url(gw) + "/v1/chat/completions"
+        async with s.post(url, json={**CHAT, "model": "down"}, headers=AUTH) as r:
+            assert r.status == 502
+            assert (await r.json())["error"]["type"] == "upstream_error"
+        async with s.post(url, json={**CHAT, "model": "up"}, headers=AUTH) as r:
+            assert r.status == 200
+            assert await r.json() == {"ok": True}
+
+
+async def test_503_is_retried_on_the_next_upstream(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
+) -> None:
+    hits: Counter[str] = Counter()
+
+    async def busy(request: web.Request) -> web.StreamResponse:
+        hits["busy"] += 1
+        return web.json_response({"error": "overloaded"}, status=503)
+
+    async def ok(request: web.Request) -> web.StreamResponse:
+        hits["ok"] += 1
+        return web.json_response({"ok": True})
+
+    urls = [await upstream(busy), await upstream(ok)]
+    async with gateway_factory({"m": urls}, strategy="round_robin") as gw, aiohttp.ClientSession() as s:
+        for _ in range(4):
+            async with s.post(gateway_url(gw) + "/v1/chat/completions", json=CHAT, headers=AUTH) as r:
+                assert r.status == 200
+    assert hits["ok"] == 4
+    assert 1 <= hits["busy"] <= 4
+
+
+async def test_upstream_request_carries_upstream_credential_not_the_client_key(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
+) -> None:
+    seen: list[dict[str, str]] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen.append(dict(request.headers))
+        return web.json_response(await request.json())
+
+    base = await upstream(handler)
+    async with (
+        gateway_factory({"m": [base]}, served_model={"m": "served-name"}) as gw,
+        aiohttp.ClientSession() as s,
+    ):
+        hdrs = {**AUTH, "x-api-key": ADMIN_KEY, "Connection": "keep-alive", "Accept-Encoding": "gzip"}
+        async with s.post(gateway_url(gw) + "/v1/chat/completions", json=CHAT, headers=hdrs) as r:
+            echoed = await r.json()
+    assert echoed["model"] == "served-name"
+    (headers,) = seen
+    assert ADMIN_KEY not in json.dumps(headers)
+    assert "Authorization" not in headers
+    assert "X-Api-Key" not in headers
+    assert headers["Accept-Encoding"] == "identity"
+
+
+async def test_oversize_body_gives_413_json(gateway_factory: GatewayFactory) -> None:
+    async with gateway_factory(
+        {"m": ["http://127.0.0.1:9/v1"]}, extra={"server": {"max_body_bytes": 1000}}
+    ) as gw, aiohttp.ClientSession() as s:
+        body = {**CHAT, "pad": "x" * 2000}
+        async with s.post(gateway_url(gw) + "/v1/chat/completions", json=body, headers=AUTH) as r:
+            assert r.status == 413
+            assert (await r.json())["error"]["type"] == "payload_too_large"
+
+
+async def test_body_above_aiohttp_default_limit_is_accepted(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
+) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"received": len(await request.read())})
+
+    base = await upstream(handler)
+    big = {**CHAT, "messages": [{"role": "user", "content": "x" * (3 * 1024 * 1024)}]}
+    async with gateway_factory({"m": [base]}) as gw, aiohttp.ClientSession() as s:
+        async with s.post(gateway_url(gw) + "/v1/chat/completions", json=big, headers=AUTH) as r:
+            assert r.status == 200
+            assert (await r.json())["received"] > 3 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "type_"),
+    [
+        ("POST", "/v1/chat/completions", b"{not json", 400, "invalid_request"),
+        ("POST", "/v1/chat/completions", b'{"messages": []}', 400, "invalid_request"),
+        ("POST", "/v1/chat/completions", b'{"model": 7}', 400, "invalid_request"),
+        ("POST", "/v1/chat/completions", b"[1, 2]", 400, "invalid_request"),
+        ("POST", "/v1/chat/completions", b"", 400, "invalid_request"),
+        ("POST", "/v1/chat/completions", b'{"model": "nope"}', 404, "model_not_found"),
+        ("GET", "/v1/no/such/path", b"", 404, "not_found"),
+        ("GET", "/v1/chat/completions", b"", 405, "method_not_allowed"),
+        ("POST", "/v1/chat/completions", b'{"model": "\xff\xfe"}', 400, "invalid_request"),
+    ],
+)
+async def test_bad_input_gets_a_json_error(
+    gateway_factory: GatewayFactory, method: str, path: str, body: bytes, status: int, type_: str
+) -> None:
+    async with gateway_factory({"m": ["http://127.0.0.1:9/v1"]}) as gw, aiohttp.ClientSession() as s:
+        async with s.request(method, gateway_url(gw) + path, data=body, headers=AUTH) as r:
+            assert r.status == status
+            payload = await r.json()
+    assert payload["error"]["type"] == type_
+    assert payload["error"]["message"]
+    assert "Traceback" not in json.dumps(payload)

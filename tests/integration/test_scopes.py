@@ -1,0 +1,92 @@
+"""Walks the route table of the default chain: every route × every kind of key gets what its scope says."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.core.routes import HttpRoute, Scope
+from agl_lite.core.server import Gateway
+from agl_lite.testing.servers import serve_app
+from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
+
+ROLLOUT, OTHER = "ro-1", "ro-2"
+
+KEYS: dict[str, str | None] = {
+    "none": None,
+    "wrong": "agl-agent.ro-1.not-a-valid-signature",
+    "agent": derive_key(ADMIN_KEY, ROLLOUT, KeyRole.AGENT),
+    "grader": derive_key(ADMIN_KEY, ROLLOUT, KeyRole.GRADER),
+    "admin": ADMIN_KEY,
+    "other_rollout": derive_key(ADMIN_KEY, OTHER, KeyRole.AGENT),
+}
+
+ALLOWED = "allowed"
+EXPECTED: dict[Scope, dict[str, int | str]] = {
+    Scope.PUBLIC: dict.fromkeys(KEYS, ALLOWED),
+    Scope.ADMIN: {
+        "none": 401,
+        "wrong": 401,
+        "agent": 403,
+        "grader": 403,
+        "admin": ALLOWED,
+        "other_rollout": 403,
+    },
+    Scope.AGENT: {
+        "none": 401,
+        "wrong": 401,
+        "agent": ALLOWED,
+        "grader": 403,
+        "admin": ALLOWED,
+        "other_rollout": 403,
+    },
+    Scope.GRADER: {
+        "none": 401,
+        "wrong": 401,
+        "agent": 403,
+        "grader": ALLOWED,
+        "admin": ALLOWED,
+        "other_rollout": 403,
+    },
+}
+
+
+@pytest.fixture
+async def gateway(gateway_factory: GatewayFactory) -> AsyncIterator[Gateway]:
+    async def anything(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", anything)
+    async with serve_app(app) as upstream, gateway_factory({"m": [upstream + "/v1"]}) as gw:
+        yield gw
+
+
+def concrete(route: HttpRoute) -> str:
+    return route.path.replace("{rollout_id}", ROLLOUT).replace("{attempt_id}", "at-1")
+
+
+async def test_every_route_and_key_gets_the_status_its_scope_says(gateway: Gateway) -> None:
+    assert {r.scope for r in gateway.table.routes} >= {Scope.PUBLIC, Scope.ADMIN, Scope.AGENT}
+    failures = []
+    async with aiohttp.ClientSession() as s:
+        for route in gateway.table.routes:
+            for key_name, key in KEYS.items():
+                headers = {"Authorization": f"Bearer {key}"} if key else {}
+                body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "prompt": "x"}
+                async with s.request(
+                    route.method, gateway_url(gateway) + concrete(route), json=body, headers=headers
+                ) as r:
+                    expected = EXPECTED[route.scope][key_name]
+                    got: int | str = ALLOWED if r.status not in (401, 403) else r.status
+                    if r.status in (401, 403):
+                        assert (await r.json())["error"]["type"] in ("unauthorized", "forbidden")
+                    if got != expected:
+                        failures.append(
+                            f"{route.method} {route.path} with {key_name} key: {r.status}, want {expected}"
+                        )
+    assert failures == []
