@@ -1,7 +1,12 @@
 from __future__ import annotations
 
+import asyncio
+import signal
+import sys
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 from typer.testing import CliRunner
 
 from agl_lite import __version__
@@ -13,7 +18,9 @@ runner = CliRunner()
 
 
 def valid_config(tmp_path: Path) -> Path:
-    (tmp_path / "routes.toml").write_text('[models.m]\nupstreams = [{ base_url = "http://127.0.0.1:8000/v1" }]\n')
+    (tmp_path / "routes.toml").write_text(
+        '[models.m]\nupstreams = [{ base_url = "http://127.0.0.1:8000/v1" }]\n'
+    )
     path = tmp_path / "agl-lite.toml"
     path.write_text("[server]\nport = 8123\n")
     return path
@@ -76,3 +83,57 @@ def test_key_without_admin_key() -> None:
 def test_version() -> None:
     result = runner.invoke(app, ["version"])
     assert result.output.strip() == __version__
+
+
+async def start(*args: str, ready: bytes, stream: str = "stdout") -> asyncio.subprocess.Process:
+    """Start `python -m agl_lite ARGS` and wait (bounded) until it prints `ready` on `stream`."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agl_lite",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    pipe = proc.stdout if stream == "stdout" else proc.stderr
+    assert pipe is not None
+    seen = b""
+    while ready not in seen:
+        line = await asyncio.wait_for(pipe.readline(), 30)
+        if not line:
+            raise AssertionError(f"exited before ready: {seen.decode()}")
+        seen += line
+    return proc
+
+
+async def stop(proc: asyncio.subprocess.Process) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return await asyncio.wait_for(proc.wait(), 30)
+
+
+async def test_mock_llm_and_run_serve_and_stop_on_sigterm(
+    tmp_path: Path, unused_tcp_port_factory: Any
+) -> None:
+    mock_port, gw_port = unused_tcp_port_factory(), unused_tcp_port_factory()
+    (tmp_path / "routes.toml").write_text(
+        f'[models.smollm2]\nupstreams = [{{ base_url = "http://127.0.0.1:{mock_port}/v1" }}]\n'
+    )
+    (tmp_path / "agl-lite.toml").write_text(f"[server]\nport = {gw_port}\n")
+    mock = await start("mock-llm", "--port", str(mock_port), ready=b"Running on")
+    try:
+        gateway = await start(
+            "run", "--config", str(tmp_path / "agl-lite.toml"), ready=b"gateway listening", stream="stderr"
+        )
+        try:
+            async with aiohttp.ClientSession() as s:
+                body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+                headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+                async with s.post(
+                    f"http://127.0.0.1:{gw_port}/v1/chat/completions", json=body, headers=headers
+                ) as r:
+                    assert r.status == 200
+                    assert (await r.json())["object"] == "chat.completion"
+        finally:
+            assert await stop(gateway) == 0
+    finally:
+        await stop(mock)

@@ -11,7 +11,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_generated_doc_sections_are_current() -> None:
     result = subprocess.run(
-        [sys.executable, "scripts/gen_docs.py", "--check"], cwd=ROOT, capture_output=True, text=True, check=False
+        [sys.executable, "scripts/gen_docs.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
 

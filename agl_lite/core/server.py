@@ -208,7 +208,11 @@ class Gateway:
                         ended = True
                         await self.addons.response_end(flow)
                         chunk = chunk[cut:]
-                    tail = (tail + chunk)[-_DONE_TAIL_LEN:]
+                    tail = (
+                        chunk[-_DONE_TAIL_LEN:]
+                        if len(chunk) >= _DONE_TAIL_LEN
+                        else (tail + chunk)[-_DONE_TAIL_LEN:]
+                    )
                     if chunk:
                         flow.bytes_to_client += len(chunk)
                         await out.write(chunk)

@@ -100,6 +100,10 @@ def find_done(tail: bytes, chunk: bytes) -> int:
     across reads is found too; then 0 is returned (its start was already sent, its end was not). A `[DONE]` inside
     JSON content cannot match: a data line holds no raw line break.
     """
+    # Cheap filter first (this runs on every chunk of every stream): the read that completes the marker holds
+    # its closing "E]", or starts with "]" when the split fell right before it.
+    if b"E]" not in chunk and chunk[:1] != b"]":
+        return -1
     window = tail + chunk
     best = -1
     for marker in _DONE_MARKERS:

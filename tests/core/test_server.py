@@ -88,9 +88,11 @@ async def test_chunk_reaches_client_before_upstream_sends_the_next(
         return resp
 
     base = await upstream(handler)
-    async with gateway_factory({"m": [base]}) as gw, aiohttp.ClientSession() as s, s.post(
-        gateway_url(gw) + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH
-    ) as r:
+    async with (
+        gateway_factory({"m": [base]}) as gw,
+        aiohttp.ClientSession() as s,
+        s.post(gateway_url(gw) + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH) as r,
+    ):
         assert r.status == 200
         first = await asyncio.wait_for(r.content.readuntil(b"\n\n"), 5)
         assert b"first" in first
@@ -265,9 +267,10 @@ async def test_upstream_request_carries_upstream_credential_not_the_client_key(
 
 
 async def test_oversize_body_gives_413_json(gateway_factory: GatewayFactory) -> None:
-    async with gateway_factory(
-        {"m": ["http://127.0.0.1:9/v1"]}, extra={"server": {"max_body_bytes": 1000}}
-    ) as gw, aiohttp.ClientSession() as s:
+    async with (
+        gateway_factory({"m": ["http://127.0.0.1:9/v1"]}, extra={"server": {"max_body_bytes": 1000}}) as gw,
+        aiohttp.ClientSession() as s,
+    ):
         body = {**CHAT, "pad": "x" * 2000}
         async with s.post(gateway_url(gw) + "/v1/chat/completions", json=body, headers=AUTH) as r:
             assert r.status == 413

@@ -76,3 +76,32 @@ def test_find_done_split_across_reads_returns_zero() -> None:
 def test_done_inside_json_content_is_not_the_end() -> None:
     chunk = b'data: {"content":"data: [DONE]"}\n\n'
     assert find_done(b"\n", chunk) == -1
+
+
+def test_find_done_when_the_split_falls_before_the_closing_bracket() -> None:
+    assert find_done(b'"}]}\n\ndata: [DONE', b"]\n\n") == 0
+
+
+OPENAI_STREAM = (
+    b'data: {"choices":[{"delta":{"content":"[DONE]"}}]}\n\ndata: {"choices":[]}\n\ndata: [DONE]\n\n'
+)
+
+
+@given(st.lists(st.integers(min_value=1, max_value=len(OPENAI_STREAM) - 1), max_size=12))
+def test_relay_cut_holds_back_the_done_line_under_any_chunking(cuts: list[int]) -> None:
+    """What the relay sends before the commit never holds a complete [DONE] line; the cut happens exactly once."""
+    points = sorted({0, len(OPENAI_STREAM), *cuts})
+    sent_before_commit = b""
+    tail, commits = b"\n", 0
+    for a, b in itertools.pairwise(points):
+        chunk = OPENAI_STREAM[a:b]
+        cut = find_done(tail, chunk) if not commits else -1
+        if cut >= 0:
+            commits += 1
+            sent_before_commit += chunk[:cut]
+        elif not commits:
+            sent_before_commit += chunk
+        tail = (tail + chunk)[-16:]
+    assert commits == 1
+    assert b"data: [DONE]\n" not in sent_before_commit
+    assert sent_before_commit.startswith(OPENAI_STREAM[: OPENAI_STREAM.index(b"data: [DONE]") - 12])

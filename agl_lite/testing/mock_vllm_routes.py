@@ -1,0 +1,123 @@
+"""The mock vLLM's side routes: /v1/models, /tokenize, /health and the /mock/* control surface for tests.
+
+It owns those handlers and their wire shapes; it must not generate completions or keep state of its own.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from agl_lite.testing.mock_vllm_http import ApiError, check_model, error_response, json_response, read_json
+from agl_lite.testing.mock_vllm_scenario import ErrorReply, Scenario
+
+if TYPE_CHECKING:
+    from agl_lite.testing.mock_vllm import MockVLLM
+
+__all__ = ["add_side_routes"]
+
+
+def _model_card(mock: MockVLLM, name: str, created: int) -> dict[str, Any]:
+    permission = {
+        "id": f"modelperm-{secrets.token_hex(16)}",
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": mock.root or name,
+        "parent": None,
+        "max_model_len": mock.max_model_len,
+        "permission": [permission],
+    }
+
+
+async def _tokenize(mock: MockVLLM, request: web.Request) -> web.Response:
+    try:
+        body = await read_json(request, mock.record)
+        if "model" in body:
+            check_model(mock.served_models, body)
+        if isinstance(body.get("messages"), list):
+            add_gen = body.get("add_generation_prompt", True) is not False
+            tokens = mock.tokenizer.chat_prompt_ids(body["messages"], add_gen)
+        elif isinstance(body.get("prompt"), str):
+            tokens = mock.tokenizer.encode(body["prompt"])
+        else:
+            raise ApiError(400, "either prompt (string) or messages (list) is required", "prompt")
+    except ApiError as exc:
+        return error_response(exc.reply)
+    strs = [mock.tokenizer.token_str(t) for t in tokens] if body.get("return_token_strs") else None
+    return json_response(
+        {"count": len(tokens), "max_model_len": mock.max_model_len, "tokens": tokens, "token_strs": strs}
+    )
+
+
+async def _post_scenarios(mock: MockVLLM, request: web.Request) -> web.Response:
+    try:
+        data = await request.json()
+        parsed = []
+        for item in data if isinstance(data, list) else [data]:
+            spec = dict(item)
+            match, times = spec.pop("match", None), spec.pop("times", 1)
+            parsed.append((Scenario.from_json(spec), match, times))
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        return error_response(ErrorReply(400, f"bad scenario: {exc}"))
+    for scenario, match, times in parsed:  # all or nothing: one bad item queues none
+        mock.enqueue(scenario, match=match, times=times)
+    return json_response({"queued": len(mock.scenarios)})
+
+
+def add_side_routes(app: web.Application, mock: MockVLLM) -> None:
+    async def models(_request: web.Request) -> web.Response:
+        created = int(time.time())
+        return json_response(
+            {"object": "list", "data": [_model_card(mock, n, created) for n in mock.served_models]}
+        )
+
+    async def tokenize(request: web.Request) -> web.Response:
+        return await _tokenize(mock, request)
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def post_scenarios(request: web.Request) -> web.Response:
+        return await _post_scenarios(mock, request)
+
+    async def clear_scenarios(_request: web.Request) -> web.Response:
+        cleared = len(mock.scenarios)
+        mock.clear_scenarios()
+        return json_response({"cleared": cleared})
+
+    async def get_requests(_request: web.Request) -> web.Response:
+        return json_response([{"path": r.path, "headers": r.headers, "body": r.body} for r in mock.requests])
+
+    async def clear_requests(_request: web.Request) -> web.Response:
+        mock.clear_requests()
+        return json_response({"cleared": True})
+
+    async def stats(_request: web.Request) -> web.Response:
+        return json_response(mock.stats())
+
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_get("/health", health)
+    app.router.add_post("/mock/scenarios", post_scenarios)
+    app.router.add_delete("/mock/scenarios", clear_scenarios)
+    app.router.add_get("/mock/requests", get_requests)
+    app.router.add_delete("/mock/requests", clear_requests)
+    app.router.add_get("/mock/stats", stats)
