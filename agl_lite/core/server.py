@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import time
 from dataclasses import replace
@@ -23,7 +24,7 @@ from agl_lite.core.config import GatewayConfig
 from agl_lite.core.flow import Flow, Request, Response, error_response, json_response
 from agl_lite.core.routes import HttpRoute, RouteKind, RouteTable, Scope
 from agl_lite.core.sse import find_done
-from agl_lite.core.upstream import Upstream, filter_headers
+from agl_lite.core.upstream import Upstream, filter_headers, map_upstream_error
 from agl_lite.errors import ConfigError, HttpError, InternalError, NotFound, PayloadTooLarge, UpstreamError
 
 __all__ = ["CORE_ROUTES", "Gateway"]
@@ -33,7 +34,6 @@ log = structlog.get_logger("agl_lite.server")
 CORE_ROUTES = (HttpRoute("healthz", "GET", "/healthz", Scope.PUBLIC, RouteKind.API, "Liveness probe."),)
 """Routes the core answers itself."""
 
-_MID_STREAM_ERROR = b'data: {"error":{"type":"upstream_error","message":"%s","code":502}}\n\n'
 _DONE_TAIL_LEN = 16
 
 
@@ -239,26 +239,22 @@ class Gateway:
             up.close()
             await self._fail(flow, None, ended)
             raise
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            flow.client_disconnected = True
-            up.close()
-            await self._fail(flow, None, ended)
-            return out
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             up.close()
-            err = UpstreamError(
-                f"upstream {flow.upstream.name if flow.upstream else ''} failed mid-response: "
-                f"{type(exc).__name__}"
-            )
+            if request.transport is None or request.transport.is_closing():
+                # The write to the client failed: the client went away, the upstream did nothing wrong.
+                flow.client_disconnected = True
+                await self._fail(flow, None, ended)
+                return out
+            err = map_upstream_error(exc, flow.upstream.name if flow.upstream else "", mid_response=True)
             await self._fail(flow, err, ended)
             if response.is_event_stream and not ended:
-                await _write_quietly(out, _MID_STREAM_ERROR % err.message.encode())
-            else:
+                # In-band, as vLLM itself reports errors mid-stream: the SDKs raise it as an APIError.
+                await _write_quietly(out, b"data: " + json.dumps(err.body()).encode() + b"\n\n")
+                await _write_eof_quietly(out)
+            elif request.transport is not None:
                 # A plain body cannot signal an error once its status went out: cut the connection instead.
-                if request.transport is not None:
-                    request.transport.close()
-                return out
-            await _write_eof_quietly(out)
+                request.transport.close()
             return out
         except Exception as exc:
             up.close()

@@ -18,7 +18,7 @@ from agl_lite.core.config import UpstreamConfig
 from agl_lite.core.flow import Flow, UpstreamTarget
 from agl_lite.errors import UpstreamError, UpstreamTimeout
 
-__all__ = ["HOP_BY_HOP", "Upstream", "filter_headers"]
+__all__ = ["HOP_BY_HOP", "Upstream", "filter_headers", "map_upstream_error"]
 
 log = structlog.get_logger("agl_lite.upstream")
 
@@ -106,7 +106,7 @@ class Upstream:
                     flow.request.method, target.url, data=body, headers=headers, allow_redirects=False
                 )
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                last_error = _map_error(exc, target)
+                last_error = map_upstream_error(exc, target.name)
                 self._ended(target, ok=False)
                 log.warning(
                     "upstream attempt failed",
@@ -131,11 +131,11 @@ class Upstream:
             target.observer.attempt_ended(target, ok=ok)
 
 
-def _map_error(exc: BaseException, target: UpstreamTarget) -> UpstreamError:
+def map_upstream_error(exc: BaseException, name: str, *, mid_response: bool = False) -> UpstreamError:
+    """The agl-lite error for an aiohttp/OS failure talking to upstream `name` (no secrets in the message)."""
+    when = " mid-response" if mid_response else ""
     if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
-        return UpstreamTimeout(f"upstream {target.name} timed out")
+        return UpstreamTimeout(f"upstream {name} timed out{when}")
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return UpstreamError(
-            f"cannot connect to upstream {target.name}: {exc.os_error.strerror or exc.os_error}"
-        )
-    return UpstreamError(f"upstream {target.name} failed: {type(exc).__name__}")
+        return UpstreamError(f"cannot connect to upstream {name}: {exc.os_error.strerror or exc.os_error}")
+    return UpstreamError(f"upstream {name} failed{when}: {type(exc).__name__}")

@@ -209,3 +209,20 @@ async def test_client_disconnect_closes_the_stream_on_the_mock(setup: Setup) -> 
     await setup.mock.wait_until(lambda m: m.open_streams == 1 and m.stalled_streams == 1)
     await stream.close()
     await setup.mock.wait_until(lambda m: m.open_streams == 0 and m.peer_disconnects == 1)
+
+
+async def test_upstream_silent_past_read_timeout_ends_the_stream_with_a_timeout_error(
+    gateway_factory: GatewayFactory,
+) -> None:
+    mock = MockVLLM(("smollm2",))
+    mock.enqueue(Scenario(stall_after=2))
+    async with (
+        running_mock(mock) as url,
+        gateway_factory({"smollm2": [url]}, extra={"upstream": {"read_timeout": 0.5}}) as gw,
+    ):
+        via = openai.AsyncOpenAI(base_url=gateway_url(gw) + "/v1", api_key=ADMIN_KEY, max_retries=0)
+        stream = await via.chat.completions.create(model="smollm2", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+        with pytest.raises(openai.APIError, match="timed out mid-response"):
+            async for _ in stream:
+                pass
+        await mock.wait_until(lambda m: m.open_streams == 0)
