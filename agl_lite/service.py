@@ -6,6 +6,7 @@ Owns start-up order (chain → load → configure → bind → running) and grac
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -56,4 +57,8 @@ async def serve(config: GatewayConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with running_gateway(config):
+        # Everything allocated at start-up lives as long as the process: keep it out of the collector's scans,
+        # which otherwise show up as 50 ms full collections in the p99 under load (measured in bench/).
+        gc.collect()
+        gc.freeze()
         await stop.wait()

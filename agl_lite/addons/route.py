@@ -96,6 +96,16 @@ class _UpstreamState:
     inflight: int = 0
     failures: int = 0
     cool_until: float = 0.0
+    _urls: dict[str, URL] = field(default_factory=dict)
+
+    def url(self, suffix: str) -> URL:
+        """The upstream URL for an API path suffix; cached, since a handful of suffixes serve every request."""
+        url = self._urls.get(suffix)
+        if url is None:
+            url = URL(self.base + suffix, encoded=True)
+            if len(self._urls) < 64:  # query strings could make the key space unbounded
+                self._urls[suffix] = url
+        return url
 
     def attempt_started(self, target: UpstreamTarget) -> None:
         self.inflight += 1
@@ -233,7 +243,7 @@ class Route:
         rollout_id = flow.metadata.get("auth.rollout_id")
         flow.upstreams = [
             UpstreamTarget(
-                url=URL(up.base + suffix, encoded=True),
+                url=up.url(suffix),
                 headers=up.headers,
                 json_patch=None if up.served_model == requested else {"model": up.served_model},
                 name=up.base,

@@ -23,7 +23,7 @@ from agl_lite.core.addons import AddonManager
 from agl_lite.core.config import GatewayConfig
 from agl_lite.core.flow import Flow, Request, Response, error_response, json_response
 from agl_lite.core.routes import HttpRoute, RouteKind, RouteTable, Scope
-from agl_lite.core.sse import find_done
+from agl_lite.core.sse import DoneDetector
 from agl_lite.core.upstream import Upstream, filter_headers, map_upstream_error
 from agl_lite.errors import ConfigError, HttpError, InternalError, NotFound, PayloadTooLarge, UpstreamError
 
@@ -34,8 +34,6 @@ log = structlog.get_logger("agl_lite.server")
 CORE_ROUTES = (HttpRoute("healthz", "GET", "/healthz", Scope.PUBLIC, RouteKind.API, "Liveness probe."),)
 """Routes the core answers itself."""
 
-_DONE_TAIL_LEN = 16
-
 
 class Gateway:
     """The addon chain behind an HTTP server. `start()` binds and fires `running`; `stop()` fires `shutdown`."""
@@ -45,18 +43,31 @@ class Gateway:
         self.addons = addons
         self.table = RouteTable([*CORE_ROUTES, *addons.routes()])
         self.upstream = Upstream(config.upstream)
-        self._runner: web.AppRunner | None = None
+        self._runner: web.ServerRunner | None = None
         self.port: int = 0
         self._access_log = config.log.access_log
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
 
-    def make_app(self) -> web.Application:
-        app = web.Application(
-            client_max_size=self.config.server.max_body_bytes, handler_args={"max_field_size": 65536}
+    def make_server(self) -> web.Server:
+        """aiohttp's low-level server: every request goes to `handle`, which matches the route table itself
+        (an aiohttp router would only resolve a catch-all route, at a measurable cost per request)."""
+        max_body = self.config.server.max_body_bytes
+
+        def make_request(
+            message: Any, payload: Any, protocol: Any, writer: Any, task: asyncio.Task[None]
+        ) -> web.BaseRequest:
+            return web.BaseRequest(
+                message, payload, protocol, writer, task, asyncio.get_running_loop(), client_max_size=max_body
+            )
+
+        return web.Server(
+            self.handle,
+            request_factory=make_request,
+            handler_cancellation=True,
+            access_log=None,
+            max_field_size=65536,
         )
-        app.router.add_route("*", "/{tail:.*}", self.handle)
-        return app
 
     async def start(self) -> int:
         """Bind, configure the addons, serve, and fire `running`; returns the bound port.
@@ -72,10 +83,8 @@ class Gateway:
             await self.addons.load()
             await self.addons.configure(self.config)
             await self.upstream.start()
-            self._runner = web.AppRunner(
-                self.make_app(),
-                access_log=None,
-                handler_cancellation=True,
+            self._runner = web.ServerRunner(
+                self.make_server(),
                 shutdown_timeout=self.config.server.shutdown_timeout,
             )
             await self._runner.setup()
@@ -97,7 +106,7 @@ class Gateway:
 
     # --- one request ---------------------------------------------------------------------------------------------
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         try:
             match = self.table.match(request.method, request.path)
         except HttpError as exc:
@@ -120,6 +129,10 @@ class Gateway:
         )
         try:
             return await self._run_flow(request, flow)
+        except Exception as exc:  # a bug, not a condition: still JSON for the client, never a traceback
+            log.error("flow failed", path=flow.request.path, error=repr(exc), exc_info=exc)
+            internal = InternalError("internal error")
+            return _json_web_response(internal.status, internal.body())
         finally:
             flow.t_end = time.monotonic()
             await self.addons.flow_done(flow)
@@ -132,7 +145,7 @@ class Gateway:
                     ms=round((flow.t_end - flow.t_start) * 1000, 2),
                 )
 
-    async def _run_flow(self, request: web.Request, flow: Flow) -> web.StreamResponse:
+    async def _run_flow(self, request: web.BaseRequest, flow: Flow) -> web.StreamResponse:
         await self.addons.request(flow)
         if flow.response is None and flow.route.name == "healthz":
             flow.response = json_response(200, {"status": "ok"})
@@ -160,7 +173,7 @@ class Gateway:
                 target.observer.attempt_ended(target, ok=not isinstance(flow.error, UpstreamError))
 
     async def _send_short(
-        self, request: web.Request, flow: Flow, *, hooks: bool = True
+        self, request: web.BaseRequest, flow: Flow, *, hooks: bool = True
     ) -> web.StreamResponse:
         response = flow.response
         assert response is not None
@@ -168,11 +181,12 @@ class Gateway:
             await self.addons.response_headers(flow)
             await self.addons.response_end(flow)
         out = web.Response(status=response.status, body=response.body, headers=response.headers)
+        await out.prepare(request)  # here, not after return, so that a bad header fails inside the flow
         flow.bytes_to_client = len(response.body or b"")
         return out
 
     async def _relay(
-        self, request: web.Request, flow: Flow, up: aiohttp.ClientResponse
+        self, request: web.BaseRequest, flow: Flow, up: aiohttp.ClientResponse
     ) -> web.StreamResponse:
         ctype = up.headers.get("Content-Type", "")
         flow.response = response = Response(
@@ -191,7 +205,7 @@ class Gateway:
         try:
             await out.prepare(request)
             pending: bytes | None = None  # plain bodies: the last chunk waits for response_end
-            tail = b"\n"
+            done = DoneDetector()
             async for chunk in up.content.iter_any():
                 if flow.t_first_byte is None:
                     flow.t_first_byte = time.monotonic()
@@ -201,18 +215,13 @@ class Gateway:
                     for t in transforms:
                         chunk = t(chunk)
                 if response.is_event_stream:
-                    cut = find_done(tail, chunk) if not ended else -1
+                    cut = done.feed(chunk)
                     if cut >= 0:
                         if cut:
                             await out.write(chunk[:cut])
                         ended = True
                         await self.addons.response_end(flow)
                         chunk = chunk[cut:]
-                    tail = (
-                        chunk[-_DONE_TAIL_LEN:]
-                        if len(chunk) >= _DONE_TAIL_LEN
-                        else (tail + chunk)[-_DONE_TAIL_LEN:]
-                    )
                     if chunk:
                         flow.bytes_to_client += len(chunk)
                         await out.write(chunk)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SSEEvent", "SSEParser", "find_done"]
+__all__ = ["DoneDetector", "SSEEvent", "SSEParser", "find_done"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +100,6 @@ def find_done(tail: bytes, chunk: bytes) -> int:
     across reads is found too; then 0 is returned (its start was already sent, its end was not). A `[DONE]` inside
     JSON content cannot match: a data line holds no raw line break.
     """
-    # Cheap filter first (this runs on every chunk of every stream): the read that completes the marker holds
-    # its closing "E]", or starts with "]" when the split fell right before it.
-    if b"E]" not in chunk and chunk[:1] != b"]":
-        return -1
     window = tail + chunk
     best = -1
     for marker in _DONE_MARKERS:
@@ -113,3 +109,29 @@ def find_done(tail: bytes, chunk: bytes) -> int:
     if best < 0:
         return -1
     return max(0, best + 1 - len(tail))
+
+
+class DoneDetector:
+    """Finds where the terminal `data: [DONE]` line starts in a stream fed chunk by chunk (the relay's commit point).
+
+    Runs on every chunk of every stream, so it first applies a one-scan filter: the read that completes the marker
+    holds its closing `E]`, or starts with `]` when the split fell right before it.
+    """
+
+    __slots__ = ("_tail", "found")
+
+    def __init__(self) -> None:
+        self._tail = b"\n"  # a stream start counts as a line start
+        self.found = False
+
+    def feed(self, chunk: bytes) -> int:
+        """Offset in `chunk` where the `[DONE]` line starts (0 if it began in an earlier chunk), else -1."""
+        if self.found:
+            return -1
+        if b"E]" in chunk or chunk[:1] == b"]":
+            cut = find_done(self._tail, chunk)
+            if cut >= 0:
+                self.found = True
+                return cut
+        self._tail = chunk[-16:] if len(chunk) >= 16 else (self._tail + chunk)[-16:]
+        return -1

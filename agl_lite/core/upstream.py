@@ -40,7 +40,8 @@ HOP_BY_HOP = frozenset(
 )
 """Headers that describe one connection, not the message; never relayed in either direction."""
 
-_CLIENT_CREDENTIALS = frozenset({"authorization", "x-api-key"})
+_DROP_UPSTREAM = HOP_BY_HOP | {"authorization", "x-api-key", "accept-encoding"}
+"""Never forwarded upstream: hop-by-hop headers, the client's key (the upstream gets its own), its encodings."""
 
 
 def filter_headers(
@@ -91,13 +92,15 @@ class Upstream:
     async def open(self, flow: Flow) -> aiohttp.ClientResponse:
         """The first usable upstream response for the flow; UpstreamError when every target failed."""
         targets = flow.upstreams
-        base_headers = filter_headers(flow.request.headers, drop=_CLIENT_CREDENTIALS | {"accept-encoding"})
-        base_headers["Accept-Encoding"] = "identity"
+        client_headers = flow.request.headers.items()
         last_error: UpstreamError | None = None
         for i, target in enumerate(targets):
             last = i == len(targets) - 1
-            headers = base_headers.copy()
-            headers.update(target.headers)
+            # One pass, no copies: drop hop-by-hop headers, the client's key, and whatever the target sets itself.
+            drop = _DROP_UPSTREAM | {k.lower() for k in target.headers} if target.headers else _DROP_UPSTREAM
+            headers = [(k, v) for k, v in client_headers if k.lower() not in drop]
+            headers.append(("Accept-Encoding", "identity"))
+            headers.extend(target.headers.items())
             body = flow.request.upstream_body(target.json_patch)
             if target.observer is not None:
                 target.observer.attempt_started(target)

@@ -1,6 +1,6 @@
 """vLLM 0.32 wire shapes for the mock server: chat and completions bodies and SSE frames, field for field.
 
-It owns key names, order, nesting and null-vs-absent (see shared/fixtures/vllm-0.32-cpu); it must not decide
+It owns key names, order, nesting and null-vs-absent (see tests/fixtures/vllm-0.32-cpu); it must not decide
 what the model says.
 """
 

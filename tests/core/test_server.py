@@ -315,3 +315,21 @@ async def test_bad_input_gets_a_json_error(
     assert payload["error"]["type"] == type_
     assert payload["error"]["message"]
     assert "Traceback" not in json.dumps(payload)
+
+
+class BadHeaders:
+    """Answers with a header value aiohttp refuses to send: a bug in an addon, after the request hooks."""
+
+    def request(self, flow: Flow) -> None:
+        from agl_lite.core.flow import json_response
+
+        flow.response = json_response(200, {}, headers={"X-Bad": "line\nbreak"})
+
+
+async def test_unexpected_failure_still_answers_json_500(gateway_factory: GatewayFactory) -> None:
+    probe = Probe()
+    async with gateway_factory({"m": ["http://127.0.0.1:9/v1"]}, extra_addons=[BadHeaders(), probe]) as gw:
+        async with aiohttp.ClientSession() as s, s.get(gateway_url(gw) + "/healthz") as r:
+            assert r.status == 500
+            assert (await r.json())["error"]["type"] == "internal_error"
+    assert probe.calls["flow_done"] == 1

@@ -5,7 +5,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agl_lite.core.sse import SSEEvent, SSEParser, find_done
+from agl_lite.core.sse import DoneDetector, SSEEvent, SSEParser, find_done
 
 STREAM = (
     b": a comment\n"
@@ -91,17 +91,24 @@ OPENAI_STREAM = (
 def test_relay_cut_holds_back_the_done_line_under_any_chunking(cuts: list[int]) -> None:
     """What the relay sends before the commit never holds a complete [DONE] line; the cut happens exactly once."""
     points = sorted({0, len(OPENAI_STREAM), *cuts})
+    detector = DoneDetector()
     sent_before_commit = b""
-    tail, commits = b"\n", 0
+    commits = 0
     for a, b in itertools.pairwise(points):
         chunk = OPENAI_STREAM[a:b]
-        cut = find_done(tail, chunk) if not commits else -1
+        cut = detector.feed(chunk)
         if cut >= 0:
             commits += 1
             sent_before_commit += chunk[:cut]
         elif not commits:
             sent_before_commit += chunk
-        tail = (tail + chunk)[-16:]
     assert commits == 1
     assert b"data: [DONE]\n" not in sent_before_commit
     assert sent_before_commit.startswith(OPENAI_STREAM[: OPENAI_STREAM.index(b"data: [DONE]") - 12])
+
+
+def test_detector_ignores_a_done_inside_content_and_finds_the_real_one() -> None:
+    detector = DoneDetector()
+    assert detector.feed(b'data: {"content":"[DONE]"}\n\n') == -1
+    assert detector.feed(b"data: [DONE]\n\n") == 0
+    assert detector.feed(b"data: [DONE]\n\n") == -1  # only once

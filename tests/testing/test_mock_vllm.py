@@ -16,18 +16,8 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolPara
 from agl_lite.testing.mock_vllm import MockVLLM, running_mock
 from agl_lite.testing.mock_vllm_scenario import ErrorReply, Scenario, ToolCallSpec
 
-FIXTURES = (
-    next(
-        p
-        for p in (
-            Path(__file__).resolve().parents[2] / "shared",
-            Path(__file__).resolve().parents[3] / "shared",
-        )
-        if p.is_dir()
-    )
-    / "fixtures"
-    / "vllm-0.32-cpu"
-)
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu"
+"""Raw responses of a real vLLM 0.32 (see the README there), kept in the repository so the suite is self-contained."""
 
 MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is 2+3? Answer with the number."}]
 TOOL_MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is 2+3? Use the add tool."}]

@@ -1,0 +1,214 @@
+"""Gateway bench (DESIGN.md §8): direct upstream vs bare aiohttp relay vs agl-lite (vs LiteLLM), in one run.
+
+Every server runs in its own process, hey in another; all cells are measured side by side, interleaved in rounds.
+Run: `.venv/bin/python bench/gateway.py [--quick] [--markdown] [--profile]` (needs `hey`). Results are only
+comparable within one run: the figures that matter are ratios (vs the relay) and differences (vs direct).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from types import FrameType
+
+from loadgen import HEY_MISSING, Cell, hey_path, run_hey
+from procs import BenchError, Children, Placement
+from report import CONCURRENCY, Cells, build_rows, machine, markdown_table, text_table, verdict
+from servers import (
+    LITELLM_SKIP,
+    MODES,
+    STREAM_EVENTS,
+    Target,
+    check_answers,
+    request_body,
+    start_agl_lite,
+    start_litellm,
+    start_relay,
+    start_upstream,
+)
+from spy import py_spy_path, record, summarise
+
+STREAM_WRITES = 8
+"""The upstream sends its 25 SSE events in 8 writes: on 2 CPUs, where hey and the upstream share one, a write
+per event makes the load side too slow to stay >= 2x the relay (the bench would be INVALID)."""
+
+
+def measure(hey: str, target: Target, mode: str, concurrency: int, seconds: float, cpus: Placement) -> Cell:
+    return run_hey(
+        hey,
+        target.url,
+        request_body(mode),
+        concurrency=concurrency,
+        seconds=seconds,
+        headers=target.headers,
+        affinity=cpus.load,
+        server_pid=target.pid,
+    )
+
+
+# --- the run ---------------------------------------------------------------------------------------------------
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="~1.5 s per cell, one round (a smoke run, noisy).")
+    p.add_argument(
+        "--markdown", action="store_true", help="Also print the table as markdown, with the machine."
+    )
+    p.add_argument(
+        "--seconds", type=float, help="Seconds per cell, all rounds together (default 5; quick 1.5)."
+    )
+    p.add_argument(
+        "--rounds", type=int, help="Interleaved rounds per cell, against drift (default 4; quick 1)."
+    )
+    p.add_argument(
+        "--no-pin", action="store_true", help="Do not pin the server under test and the load side to CPUs."
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="Afterwards, py-spy agl-lite under load (c=32, both modes) and print where the time goes.",
+    )
+    p.add_argument(
+        "--stream-writes",
+        type=int,
+        default=STREAM_WRITES,
+        help=f"Writes per streamed answer from the upstream, 1-{STREAM_EVENTS} (default {STREAM_WRITES}).",
+    )
+    p.add_argument(
+        "--keep-logs", action="store_true", help="Keep the servers' logs and configs; print where."
+    )
+    return p.parse_args()
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
+    seconds = args.seconds or (1.5 if args.quick else 5.0)
+    rounds = max(1, args.rounds or (1 if args.quick else 4))
+    warmup = 0.5 if args.quick else 1.0
+    cpus = Placement.choose(pin=not args.no_pin)
+    info = machine()
+    with Children(tmp) as children:
+        log(f"starting the upstream, the bare relay and agl-lite ({cpus.describe()}) ...")
+        direct = start_upstream(children, args.stream_writes, cpus.load)
+        base = direct.url.removesuffix("/v1/chat/completions")
+        targets = [
+            direct,
+            start_relay(children, base, cpus.server),
+            start_agl_lite(children, base, tmp, cpus.server),
+        ]
+        litellm = start_litellm(children, base, tmp, cpus.server)
+        if litellm is not None:
+            targets.append(litellm)
+        else:
+            log(f"litellm: {LITELLM_SKIP}")
+        for t in targets:
+            check_answers(t)
+            for mode in MODES:
+                measure(hey, t, mode, max(CONCURRENCY), warmup, cpus)
+        log(
+            f"measuring {len(targets)} targets x {len(MODES)} modes x {len(CONCURRENCY)} concurrencies, "
+            f"{seconds:g} s per cell in {rounds} interleaved round(s) ..."
+        )
+        cells: Cells = {}
+        for mode in MODES:
+            for c in CONCURRENCY:
+                for _ in range(rounds):
+                    for t in targets:
+                        cell = measure(hey, t, mode, c, seconds / rounds, cpus)
+                        cells.setdefault((t.name, mode, c), Cell()).add(cell)
+        rows = build_rows(cells, targets)
+        lines, valid = verdict(cells, litellm is not None)
+        setup = (
+            f"{seconds:g} s per cell in {rounds} interleaved round(s); hey -cpus 1; {cpus.describe()}; "
+            f"upstream stream in {args.stream_writes} writes; agl-lite chain auth, route"
+        )
+        notes = [
+            f"{info['nproc']} CPUs: absolute figures are low and noisy on such a box; compare within this run only "
+            "(ratios to the relay, differences to direct).",
+            "direct = what the load side (hey + upstream) delivers: the ceiling of every other row.",
+            "latencies: hey reports 0.1 ms resolution; p50/p99 over all requests of the cell.",
+        ]
+        if litellm is None:
+            notes.append(f"litellm: {LITELLM_SKIP}")
+        print()
+        print(
+            f"gateway bench  {info['date']}  {info['nproc']} CPUs {info['cpu']}  Python {info['python']}  "
+            f"aiohttp {info['aiohttp']}  agl-lite {info['agl-lite']}\n{setup}"
+        )
+        print(text_table(rows))
+        print()
+        print("\n".join(lines))
+        print("\n".join("note: " + n for n in notes))
+        if args.markdown:
+            print()
+            print(
+                f"**{info['date']}** — `nproc` {info['nproc']}, {info['cpu']}, {info['os']}, "
+                f"Python {info['python']}, aiohttp {info['aiohttp']}, agl-lite {info['agl-lite']}; {setup}.\n"
+            )
+            print(markdown_table(rows))
+            print()
+            print("```\n" + "\n".join(lines) + "\n```")
+        if args.profile:
+            profile(hey, targets[2], tmp, seconds, cpus)
+    return 0 if valid else 3
+
+
+def profile(hey: str, target: Target, tmp: Path, seconds: float, cpus: Placement) -> None:
+    spy = py_spy_path()
+    if spy is None or target.pid is None:
+        print("\nprofile: py-spy not found (pip install py-spy)")
+        return
+    for mode in MODES:
+        out = tmp / f"profile-{mode}.txt"
+
+        def load(m: str = mode) -> None:
+            measure(hey, target, m, max(CONCURRENCY), seconds + 1, cpus)
+
+        print(f"\nprofile of {target.name} (pid {target.pid}), {mode}, c=32, {seconds:g} s:")
+        try:
+            record(spy, target.pid, seconds, out, load)
+        except (RuntimeError, OSError) as exc:
+            print(f"  py-spy failed: {exc}")
+            continue
+        print("\n".join(summarise(out)))
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main() -> int:
+    args = parse_args()
+    hey = hey_path()
+    if hey is None:
+        print(f"gateway bench: {HEY_MISSING}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
+    tmp = Path(tempfile.mkdtemp(prefix="agl-bench-"))
+    try:
+        return run(args, hey, tmp)
+    except BenchError as exc:
+        print(f"gateway bench: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("gateway bench: interrupted; servers stopped", file=sys.stderr)
+        return 130
+    finally:
+        if args.keep_logs:
+            log(f"logs and configs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

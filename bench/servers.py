@@ -1,0 +1,199 @@
+"""The servers under test: the minimal upstream, the bare relay, agl-lite and (if installed) LiteLLM's proxy.
+
+Each starts in its own process (see procs.py) on a free port, and is checked to answer a well-formed 200 in both
+modes before anything is measured.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import sys
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from procs import BenchError, Children, free_port
+
+__all__ = [
+    "LITELLM_SKIP",
+    "MODES",
+    "STREAM_EVENTS",
+    "Target",
+    "check_answers",
+    "request_body",
+    "start_agl_lite",
+    "start_litellm",
+    "start_relay",
+    "start_upstream",
+]
+
+HERE = Path(__file__).resolve().parent
+PY = sys.executable
+MODES = ("plain", "stream")
+STREAM_EVENTS = 25  # bench/upstream.py: 24 chunks + [DONE]
+LITELLM_SKIP = "skipped (pip install 'litellm[proxy]')"
+
+
+def request_body(mode: str) -> bytes:
+    return json.dumps(
+        {
+            "model": "bench",
+            "messages": [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "What is 2 + 3? Answer in one sentence."},
+            ],
+            "max_tokens": 32,
+            "stream": mode == "stream",
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    """The chat completions URL."""
+    headers: dict[str, str] = field(default_factory=dict)
+    pid: int | None = None
+    reshapes: bool = False
+    """True when the server re-encodes responses (LiteLLM): only status and [DONE] are checked."""
+
+
+def start_upstream(children: Children, stream_writes: int, cpus: frozenset[int] | None) -> Target:
+    port = free_port()
+    argv = [PY, str(HERE / "upstream.py"), "--port", str(port), "--stream-writes", str(stream_writes)]
+    children.spawn("upstream", argv, cpus=cpus)
+    children.wait_ready("upstream", f"http://127.0.0.1:{port}/v1/models", 15)
+    return Target("direct", f"http://127.0.0.1:{port}/v1/chat/completions", pid=children.pid("upstream"))
+
+
+def start_relay(children: Children, upstream_base: str, cpus: frozenset[int] | None) -> Target:
+    port = free_port()
+    argv = [PY, str(HERE / "relay.py"), "--port", str(port), "--upstream", upstream_base]
+    children.spawn("relay", argv, cpus=cpus)
+    children.wait_ready("relay", f"http://127.0.0.1:{port}/v1/models", 20)
+    return Target("bare relay", f"http://127.0.0.1:{port}/v1/chat/completions", pid=children.pid("relay"))
+
+
+def agl_lite_argv() -> list[str]:
+    beside = Path(PY).parent / "agl-lite"
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("agl-lite")
+    return [found] if found else [PY, "-c", "from agl_lite.cli import main; main()"]
+
+
+def start_agl_lite(children: Children, upstream_base: str, tmp: Path, cpus: frozenset[int] | None) -> Target:
+    port = free_port()
+    key = os.environ.get("AGL_KEY") or secrets.token_hex(32)
+    if len(key) < 16:
+        key = secrets.token_hex(32)
+    (tmp / "routes.toml").write_text(
+        '[models.bench]\nbackend = "vllm"\n'
+        f'upstreams = [{{ base_url = "{upstream_base}/v1", served_model = "bench" }}]\n'
+    )
+    (tmp / "agl-lite.toml").write_text(
+        f'routes = "routes.toml"\n\n[server]\nhost = "127.0.0.1"\nport = {port}\n\n'
+        '[log]\nlevel = "info"\n\n[addons]\nchain = ["auth", "route"]\n'
+    )
+    children.spawn(
+        "agl-lite",
+        [*agl_lite_argv(), "run", "--config", str(tmp / "agl-lite.toml")],
+        cpus=cpus,
+        env={"AGL_KEY": key},
+    )
+    children.wait_ready("agl-lite", f"http://127.0.0.1:{port}/healthz", 30)
+    return Target(
+        "agl-lite",
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        {"Authorization": f"Bearer {key}"},
+        pid=children.pid("agl-lite"),
+    )
+
+
+def litellm_argv() -> list[str] | None:
+    beside = Path(PY).parent / "litellm"
+    if beside.exists():
+        return [str(beside)]
+    if importlib.util.find_spec("litellm") is not None:
+        return [PY, "-m", "litellm.proxy.proxy_cli"]
+    found = shutil.which("litellm")
+    return [found] if found else None
+
+
+def start_litellm(
+    children: Children, upstream_base: str, tmp: Path, cpus: frozenset[int] | None
+) -> Target | None:
+    argv = litellm_argv()
+    if argv is None:
+        return None
+    port = free_port()
+    master = "sk-bench-" + secrets.token_hex(16)
+    (tmp / "litellm.yaml").write_text(
+        "model_list:\n"
+        "  - model_name: bench\n"
+        "    litellm_params:\n"
+        "      model: openai/bench\n"
+        f"      api_base: {upstream_base}/v1\n"
+        "      api_key: bench\n"
+        "litellm_settings:\n"
+        "  drop_params: true\n"
+        "general_settings:\n"
+        f"  master_key: {master}\n"
+    )
+    children.spawn(
+        "litellm",
+        [
+            *argv,
+            "--config",
+            str(tmp / "litellm.yaml"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num_workers",
+            "1",
+        ],
+        cpus=cpus,
+        env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"},
+        cwd=tmp,
+    )
+    children.wait_ready("litellm", f"http://127.0.0.1:{port}/health/liveliness", 120)
+    return Target(
+        "litellm",
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        {"Authorization": f"Bearer {master}"},
+        pid=children.pid("litellm"),
+        reshapes=True,
+    )
+
+
+def check_answers(target: Target) -> None:
+    """One request per mode: a 200 with the expected shape, so that no cell measures error responses."""
+    for mode in MODES:
+        req = urllib.request.Request(
+            target.url,
+            data=request_body(mode),
+            method="POST",
+            headers={"Content-Type": "application/json", **target.headers},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                status, body = resp.status, resp.read()
+        except OSError as exc:
+            raise BenchError(f"{target.name} ({mode}) failed: {exc}") from exc
+        if status != 200:
+            raise BenchError(f"{target.name} ({mode}) answered {status}: {body[:300]!r}")
+        if mode == "stream":
+            events = body.count(b"data: ")
+            if not body.endswith(b"data: [DONE]\n\n") or (not target.reshapes and events != STREAM_EVENTS):
+                raise BenchError(
+                    f"{target.name} streamed an unexpected body ({events} events): {body[-200:]!r}"
+                )
+        elif not target.reshapes and "token_ids" not in json.loads(body)["choices"][0]:
+            raise BenchError(f"{target.name} lost the token ids: {body[:300]!r}")
