@@ -9,10 +9,12 @@
         ├── Forbidden           403 forbidden
         ├── NotFound            404 not_found (ModelNotFound: 404 model_not_found)
         ├── MethodNotAllowed    405 method_not_allowed
+        ├── Conflict            409 conflict (an illegal state transition, a cap reached)
         ├── PayloadTooLarge     413 payload_too_large
         ├── TooManyRequests     429 rate_limited
         ├── InternalError       500 internal_error
-        └── UpstreamError       502 upstream_error (UpstreamTimeout: 504 upstream_timeout)
+        ├── UpstreamError       502 upstream_error (UpstreamTimeout: 504 upstream_timeout)
+        └── ServiceUnavailable  503 unavailable (paused, held past its bound, shutting down)
 
 Each HttpError carries a stable `type` string that clients map on; `message` is for humans and never holds a key.
 """
@@ -26,6 +28,7 @@ __all__ = [
     "AglLiteError",
     "BadRequest",
     "ConfigError",
+    "Conflict",
     "Forbidden",
     "HttpError",
     "InternalError",
@@ -33,6 +36,7 @@ __all__ = [
     "ModelNotFound",
     "NotFound",
     "PayloadTooLarge",
+    "ServiceUnavailable",
     "TooManyRequests",
     "Unauthorized",
     "UpstreamError",
@@ -98,6 +102,11 @@ class MethodNotAllowed(HttpError):
     type = "method_not_allowed"
 
 
+class Conflict(HttpError):
+    status = 409
+    type = "conflict"
+
+
 class PayloadTooLarge(HttpError):
     status = 413
     type = "payload_too_large"
@@ -121,3 +130,8 @@ class UpstreamError(HttpError):
 class UpstreamTimeout(UpstreamError):
     status = 504
     type = "upstream_timeout"
+
+
+class ServiceUnavailable(HttpError):
+    status = 503
+    type = "unavailable"

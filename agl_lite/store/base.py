@@ -1,0 +1,448 @@
+"""The Store: one async interface over every backend, with the rules written once (DESIGN.md §4).
+
+Each operation is a function of a `Repo` (row-level reads and writes) that validates everything before it writes,
+so a rejected request changes nothing. A backend only says how such a function runs: the memory backend runs it
+inline, SQLite in its writer thread inside a transaction. The store keeps data and enforces transitions; it does
+not schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, TypeVar
+
+from agl_lite.core.routes import ID_PATTERN
+from agl_lite.errors import BadRequest, Conflict, NotFound
+from agl_lite.store.records import (
+    ATTEMPT_NEXT,
+    ROLLOUT_NEXT,
+    Attempt,
+    AttemptStatus,
+    Event,
+    LLMCall,
+    ModelRecord,
+    Resource,
+    Rollout,
+    RolloutConfig,
+    RolloutStatus,
+)
+
+__all__ = ["EventSpec", "Repo", "RolloutFilter", "RolloutSpec", "Store"]
+
+T = TypeVar("T")
+
+REWARD_KIND = "reward"
+LLM_CALL_KIND = "llm_call"
+
+
+@dataclass(slots=True)
+class RolloutSpec:
+    """A rollout to enqueue; `id` makes the create idempotent (the same id again returns the existing rollout)."""
+
+    input: Any
+    mode: str = "train"
+    config: RolloutConfig = field(default_factory=RolloutConfig)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    group_id: str | None = None
+    resources_version: int | None = None
+    id: str | None = None
+
+
+@dataclass(slots=True)
+class EventSpec:
+    kind: str
+    data: Any = None
+    attempt_id: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class RolloutFilter:
+    status: RolloutStatus | None = None
+    mode: str | None = None
+    group_id: str | None = None
+    after: int = 0
+    """Keyset pagination: only rollouts enqueued after this `enqueue_seq`."""
+    limit: int = 100
+
+
+class Repo(Protocol):
+    """Row-level access inside one transaction; implemented by each backend. Returned records are copies."""
+
+    def get_rollout(self, rollout_id: str) -> Rollout | None: ...
+    def put_rollout(self, rollout: Rollout, *, new: bool) -> None: ...
+    def list_rollouts(self, flt: RolloutFilter) -> list[Rollout]: ...
+    def queued(self, limit: int) -> list[Rollout]: ...
+    def running(self) -> list[Rollout]: ...
+    def last_enqueue_seq(self) -> int: ...
+    def last_completion_seq(self) -> int: ...
+    def completed_after(self, after: int, limit: int) -> list[Rollout]: ...
+    def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None: ...
+    def attempts(self, rollout_id: str) -> list[Attempt]: ...
+    def put_attempt(self, attempt: Attempt, *, new: bool) -> None: ...
+    def last_event_seq(self, rollout_id: str) -> int: ...
+    def add_event(self, event: Event) -> None: ...
+    def events(self, rollout_id: str, kind: str | None, after_seq: int, limit: int) -> list[Event]: ...
+    def add_call(self, call: LLMCall) -> None: ...
+    def calls(
+        self, rollout_id: str | None, attempt_id: str | None, after_order_key: int, limit: int
+    ) -> list[LLMCall]: ...
+    def last_resource_version(self, name: str) -> int: ...
+    def put_resource(self, resource: Resource) -> None: ...
+    def get_resource(self, name: str, version: int | None) -> Resource | None: ...
+    def latest_resources(self) -> list[Resource]: ...
+    def put_model(self, model: ModelRecord) -> None: ...
+    def models(self) -> list[ModelRecord]: ...
+
+
+def _check_id(kind: str, value: str) -> str:
+    if not ID_PATTERN.match(value):
+        raise BadRequest(f"invalid {kind} id {value!r}: use 1-128 of A-Z a-z 0-9 _ -")
+    return value
+
+
+class Store:
+    """The async store every addon, runner and client uses. Subclasses provide `_write`, `_read` and `close`."""
+
+    max_batch = 1000
+    """Largest number of rollouts or events in one call."""
+
+    def __init__(self) -> None:
+        self._completed = asyncio.Event()  # replaced after each set: waiters hold the one they saw
+        self.completion_waiters = 0
+        """Long-polls now waiting for a completion (metrics, and tests that must know one is waiting)."""
+
+    # --- what a backend provides ---------------------------------------------------------------------------------
+
+    async def _write(self, fn: Callable[[Repo], T]) -> T:
+        """Run `fn` as one transaction; its result is returned only once it is durable."""
+        raise NotImplementedError
+
+    async def _read(self, fn: Callable[[Repo], T]) -> T:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Flush and release the backend."""
+
+    # --- rollouts ------------------------------------------------------------------------------------------------
+
+    async def enqueue(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
+        """Create rollouts (queuing); a spec whose id exists returns the existing rollout unchanged."""
+        if not specs:
+            raise BadRequest("no rollouts given")
+        if len(specs) > self.max_batch:
+            raise BadRequest(f"at most {self.max_batch} rollouts per request")
+        ids = [
+            _check_id("rollout", s.id) if s.id is not None else f"ro-{uuid.uuid4().hex[:16]}" for s in specs
+        ]
+        for spec in specs:
+            if spec.config.max_attempts < 1:
+                raise BadRequest("config.max_attempts must be at least 1")
+            if spec.config.timeout_s is not None and spec.config.timeout_s <= 0:
+                raise BadRequest("config.timeout_s must be positive")
+
+        def op(repo: Repo) -> list[Rollout]:
+            now = time.time()
+            seq = repo.last_enqueue_seq()
+            out: list[Rollout] = []
+            created: dict[str, Rollout] = {}
+            for rid, spec in zip(ids, specs, strict=True):
+                existing = created.get(rid) or repo.get_rollout(rid)
+                if existing is not None:
+                    out.append(existing)
+                    continue
+                seq += 1
+                rollout = Rollout(
+                    id=rid,
+                    input=spec.input,
+                    mode=spec.mode,
+                    config=spec.config,
+                    metadata=spec.metadata,
+                    group_id=spec.group_id,
+                    resources_version=spec.resources_version,
+                    created_at=now,
+                    enqueue_seq=seq,
+                )
+                repo.put_rollout(rollout, new=True)
+                created[rid] = rollout
+                out.append(rollout)
+            return out
+
+        return await self._write(op)
+
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        rollout = await self._read(lambda repo: repo.get_rollout(rollout_id))
+        if rollout is None:
+            raise NotFound(f"rollout {rollout_id!r} not found")
+        return rollout
+
+    async def list_rollouts(self, flt: RolloutFilter = RolloutFilter()) -> list[Rollout]:
+        if not 1 <= flt.limit <= self.max_batch:
+            raise BadRequest(f"limit must be between 1 and {self.max_batch}")
+        return await self._read(lambda repo: repo.list_rollouts(flt))
+
+    async def cancel(self, rollout_id: str, message: str | None = None) -> Rollout:
+        """Cancel a queuing or running rollout (its running attempts become cancelled); 409 if terminal."""
+        result = await self._write(
+            lambda repo: self._transition(repo, rollout_id, RolloutStatus.CANCELLED, message)
+        )
+        self._notify_completion()
+        return result
+
+    async def finish(self, rollout_id: str, status: RolloutStatus, message: str | None = None) -> Rollout:
+        """The runner's verdict: a running rollout turns succeeded or failed (and joins the completion cursor)."""
+        if status not in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED):
+            raise BadRequest("a rollout finishes as 'succeeded' or 'failed' (use cancel to cancel)")
+        result = await self._write(lambda repo: self._transition(repo, rollout_id, status, message))
+        self._notify_completion()
+        return result
+
+    @staticmethod
+    def _transition(repo: Repo, rollout_id: str, status: RolloutStatus, message: str | None) -> Rollout:
+        rollout = repo.get_rollout(rollout_id)
+        if rollout is None:
+            raise NotFound(f"rollout {rollout_id!r} not found")
+        if status not in ROLLOUT_NEXT[rollout.status]:
+            raise Conflict(
+                f"rollout {rollout_id!r} is {rollout.status.value}; it cannot become {status.value}"
+            )
+        now = time.time()
+        for attempt in repo.attempts(rollout_id):
+            if attempt.status is AttemptStatus.RUNNING:
+                final = AttemptStatus.CANCELLED if status is RolloutStatus.CANCELLED else AttemptStatus.LOST
+                repo.put_attempt(replace(attempt, status=final, ended_at=now), new=False)
+        rollout.status = status
+        rollout.ended_at = now
+        rollout.message = message
+        rollout.completion_seq = repo.last_completion_seq() + 1
+        repo.put_rollout(rollout, new=False)
+        return rollout
+
+    async def claim(self, runner_id: str, limit: int) -> list[Rollout]:
+        """Move up to `limit` queued rollouts (oldest first) to running, owned by `runner_id`."""
+        if not 1 <= limit <= self.max_batch:
+            raise BadRequest(f"limit must be between 1 and {self.max_batch}")
+
+        def op(repo: Repo) -> list[Rollout]:
+            now = time.time()
+            out = []
+            for rollout in repo.queued(limit):
+                rollout.status = RolloutStatus.RUNNING
+                rollout.started_at = now
+                rollout.runner_id = runner_id
+                repo.put_rollout(rollout, new=False)
+                out.append(rollout)
+            return out
+
+        return await self._write(op)
+
+    async def running(self) -> list[tuple[Rollout, list[Attempt]]]:
+        """Every running rollout with its attempts: what a runner reconciles against."""
+        return await self._read(lambda repo: [(r, repo.attempts(r.id)) for r in repo.running()])
+
+    async def completed(self, after: int, limit: int = 100, wait: float = 0.0) -> tuple[list[Rollout], int]:
+        """Terminal rollouts past the cursor `after` and the next cursor; waits up to `wait` s for one to appear."""
+        if not 1 <= limit <= self.max_batch:
+            raise BadRequest(f"limit must be between 1 and {self.max_batch}")
+        if after < 0 or wait < 0:
+            raise BadRequest("after and wait must not be negative")
+        deadline = asyncio.get_running_loop().time() + wait
+        while True:
+            changed = self._completed
+            rows = await self._read(lambda repo: repo.completed_after(after, limit))
+            remaining = deadline - asyncio.get_running_loop().time()
+            if rows or remaining <= 0:
+                cursor = rows[-1].completion_seq if rows else after
+                return rows, cursor or after
+            self.completion_waiters += 1
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except TimeoutError:
+                pass
+            finally:
+                self.completion_waiters -= 1
+
+    def _notify_completion(self) -> None:
+        self._completed.set()
+        self._completed = asyncio.Event()
+
+    # --- attempts ------------------------------------------------------------------------------------------------
+
+    async def start_attempt(self, rollout_id: str, attempt_id: str | None = None) -> Attempt:
+        """A new attempt of a running rollout, within its cap; an id seen before returns that attempt."""
+        aid = _check_id("attempt", attempt_id) if attempt_id is not None else uuid.uuid4().hex
+
+        def op(repo: Repo) -> Attempt:
+            rollout = repo.get_rollout(rollout_id)
+            if rollout is None:
+                raise NotFound(f"rollout {rollout_id!r} not found")
+            existing = repo.get_attempt(rollout_id, aid)
+            if existing is not None:
+                return existing
+            if rollout.status is not RolloutStatus.RUNNING:
+                raise Conflict(
+                    f"rollout {rollout_id!r} is {rollout.status.value}; attempts start only while running"
+                )
+            if rollout.attempt_count >= rollout.config.max_attempts:
+                raise Conflict(f"rollout {rollout_id!r} has used all {rollout.config.max_attempts} attempts")
+            now = time.time()
+            rollout.attempt_count += 1
+            timeout = rollout.config.timeout_s
+            attempt = Attempt(
+                id=aid,
+                rollout_id=rollout_id,
+                seq=rollout.attempt_count,
+                started_at=now,
+                deadline=now + timeout if timeout else None,
+            )
+            repo.put_attempt(attempt, new=True)
+            repo.put_rollout(rollout, new=False)
+            return attempt
+
+        return await self._write(op)
+
+    async def update_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        *,
+        exit_code: int | None = None,
+        message: str | None = None,
+    ) -> Attempt:
+        def op(repo: Repo) -> Attempt:
+            attempt = repo.get_attempt(rollout_id, attempt_id)
+            if attempt is None:
+                raise NotFound(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
+            if status not in ATTEMPT_NEXT[attempt.status]:
+                raise Conflict(
+                    f"attempt {attempt_id!r} is {attempt.status.value}; it cannot become {status.value}"
+                )
+            attempt.status = status
+            attempt.exit_code = exit_code
+            attempt.message = message
+            attempt.ended_at = time.time()
+            repo.put_attempt(attempt, new=False)
+            return attempt
+
+        return await self._write(op)
+
+    async def attempts(self, rollout_id: str) -> list[Attempt]:
+        await self.get_rollout(rollout_id)
+        return await self._read(lambda repo: repo.attempts(rollout_id))
+
+    # --- events --------------------------------------------------------------------------------------------------
+
+    async def add_events(
+        self, rollout_id: str, specs: Sequence[EventSpec], *, source: str = "admin"
+    ) -> list[Event]:
+        """Append events; a `reward` event (numeric `data` or `{"value": n}`) sets the rollout's reward."""
+        if not specs:
+            raise BadRequest("no events given")
+        if len(specs) > self.max_batch:
+            raise BadRequest(f"at most {self.max_batch} events per request")
+        rewards = [_reward_value(s) for s in specs if s.kind == REWARD_KIND]
+
+        def op(repo: Repo) -> list[Event]:
+            rollout = repo.get_rollout(rollout_id)
+            if rollout is None:
+                raise NotFound(f"rollout {rollout_id!r} not found")
+            now = time.time()
+            seq = repo.last_event_seq(rollout_id)
+            out = []
+            for spec in specs:
+                seq += 1
+                event = Event(rollout_id, seq, spec.kind, spec.data, spec.attempt_id, source, now)
+                repo.add_event(event)
+                out.append(event)
+            if rewards:
+                rollout.reward = rewards[-1]
+                repo.put_rollout(rollout, new=False)
+            return out
+
+        return await self._write(op)
+
+    async def events(
+        self, rollout_id: str, kind: str | None = None, after_seq: int = 0, limit: int = 1000
+    ) -> list[Event]:
+        await self.get_rollout(rollout_id)
+        return await self._read(lambda repo: repo.events(rollout_id, kind, after_seq, limit))
+
+    # --- captured calls ------------------------------------------------------------------------------------------
+
+    async def add_call(self, call: LLMCall) -> None:
+        """Commit a captured LLM call; an attributed one also gets an `llm_call` event in its rollout's sequence."""
+
+        def op(repo: Repo) -> None:
+            repo.add_call(call)
+            if call.rollout_id is not None and repo.get_rollout(call.rollout_id) is not None:
+                seq = repo.last_event_seq(call.rollout_id) + 1
+                summary = {
+                    "call_id": call.id,
+                    "outcome": call.outcome.value,
+                    "response_id": call.response_id,
+                    "model": call.model,
+                    "order_key": call.order_key,
+                }
+                repo.add_event(
+                    Event(
+                        call.rollout_id,
+                        seq,
+                        LLM_CALL_KIND,
+                        summary,
+                        call.attempt_id,
+                        "gateway",
+                        call.t_end or time.time(),
+                    )
+                )
+
+        await self._write(op)
+
+    async def calls(
+        self,
+        rollout_id: str | None,
+        attempt_id: str | None = None,
+        after_order_key: int = -1,
+        limit: int = 1000,
+    ) -> list[LLMCall]:
+        """Captured calls in request order (`rollout_id=None`: the unattributed admin calls)."""
+        return await self._read(lambda repo: repo.calls(rollout_id, attempt_id, after_order_key, limit))
+
+    # --- resources and models ------------------------------------------------------------------------------------
+
+    async def put_resource(self, name: str, value: Any) -> Resource:
+        _check_id("resource", name)
+
+        def op(repo: Repo) -> Resource:
+            resource = Resource(name, repo.last_resource_version(name) + 1, value, time.time())
+            repo.put_resource(resource)
+            return resource
+
+        return await self._write(op)
+
+    async def get_resource(self, name: str, version: int | None = None) -> Resource:
+        resource = await self._read(lambda repo: repo.get_resource(name, version))
+        if resource is None:
+            raise NotFound(f"resource {name!r}" + (f" version {version}" if version else "") + " not found")
+        return resource
+
+    async def latest_resources(self) -> list[Resource]:
+        return await self._read(lambda repo: repo.latest_resources())
+
+    async def put_model(self, name: str, endpoints: list[str], version: str) -> ModelRecord:
+        model = ModelRecord(name, endpoints, version, time.time())
+        await self._write(lambda repo: repo.put_model(model))
+        return model
+
+    async def models(self) -> list[ModelRecord]:
+        return await self._read(lambda repo: repo.models())
+
+
+def _reward_value(spec: EventSpec) -> float:
+    value = spec.data.get("value") if isinstance(spec.data, dict) else spec.data
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadRequest("a reward event needs a numeric value: {'kind': 'reward', 'data': {'value': 1.0}}")
+    return float(value)

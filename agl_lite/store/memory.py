@@ -1,0 +1,152 @@
+"""The memory backend: dicts in the process, for tests and throwaway runs. Nothing survives a restart.
+
+Operations run inline on the event loop (no awaits inside), so each one is atomic; records are copied in and out
+so a caller can never change stored state by mutating what it got back.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from collections.abc import Callable
+from typing import TypeVar
+
+from agl_lite.store.base import RolloutFilter, Store
+from agl_lite.store.records import (
+    Attempt,
+    Event,
+    LLMCall,
+    ModelRecord,
+    Resource,
+    Rollout,
+    RolloutStatus,
+)
+
+__all__ = ["MemoryRepo", "MemoryStore"]
+
+T = TypeVar("T")
+
+
+class MemoryRepo:
+    def __init__(self) -> None:
+        self._rollouts: dict[str, Rollout] = {}
+        self._attempts: dict[str, dict[str, Attempt]] = defaultdict(dict)
+        self._events: dict[str, list[Event]] = defaultdict(list)
+        self._calls: list[LLMCall] = []
+        self._resources: dict[str, list[Resource]] = defaultdict(list)
+        self._models: dict[str, ModelRecord] = {}
+        self._completed: list[Rollout] = []
+        self._enqueue_seq = 0
+
+    def get_rollout(self, rollout_id: str) -> Rollout | None:
+        r = self._rollouts.get(rollout_id)
+        return copy.copy(r) if r is not None else None
+
+    def put_rollout(self, rollout: Rollout, *, new: bool) -> None:
+        stored = copy.copy(rollout)
+        self._rollouts[rollout.id] = stored
+        self._enqueue_seq = max(self._enqueue_seq, rollout.enqueue_seq)
+        if rollout.completion_seq is not None and rollout.completion_seq > self.last_completion_seq():
+            self._completed.append(stored)
+
+    def list_rollouts(self, flt: RolloutFilter) -> list[Rollout]:
+        out = []
+        for r in sorted(self._rollouts.values(), key=lambda r: r.enqueue_seq):
+            if r.enqueue_seq <= flt.after:
+                continue
+            if flt.status is not None and r.status is not flt.status:
+                continue
+            if flt.mode is not None and r.mode != flt.mode:
+                continue
+            if flt.group_id is not None and r.group_id != flt.group_id:
+                continue
+            out.append(copy.copy(r))
+            if len(out) >= flt.limit:
+                break
+        return out
+
+    def queued(self, limit: int) -> list[Rollout]:
+        return self.list_rollouts(RolloutFilter(status=RolloutStatus.QUEUING, limit=limit))
+
+    def running(self) -> list[Rollout]:
+        return [copy.copy(r) for r in self._rollouts.values() if r.status is RolloutStatus.RUNNING]
+
+    def last_enqueue_seq(self) -> int:
+        return self._enqueue_seq
+
+    def last_completion_seq(self) -> int:
+        return len(self._completed)  # completion_seq n is at index n - 1
+
+    def completed_after(self, after: int, limit: int) -> list[Rollout]:
+        # completion_seq grows by one per terminal rollout, so the list index is the cursor
+        return [copy.copy(self._rollouts[r.id]) for r in self._completed[after : after + limit]]
+
+    def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
+        a = self._attempts[rollout_id].get(attempt_id)
+        return copy.copy(a) if a is not None else None
+
+    def attempts(self, rollout_id: str) -> list[Attempt]:
+        return sorted((copy.copy(a) for a in self._attempts[rollout_id].values()), key=lambda a: a.seq)
+
+    def put_attempt(self, attempt: Attempt, *, new: bool) -> None:
+        self._attempts[attempt.rollout_id][attempt.id] = copy.copy(attempt)
+
+    def last_event_seq(self, rollout_id: str) -> int:
+        events = self._events[rollout_id]
+        return events[-1].seq if events else 0
+
+    def add_event(self, event: Event) -> None:
+        self._events[event.rollout_id].append(copy.copy(event))
+
+    def events(self, rollout_id: str, kind: str | None, after_seq: int, limit: int) -> list[Event]:
+        out = [copy.copy(e) for e in self._events[rollout_id] if e.seq > after_seq and kind in (None, e.kind)]
+        return out[:limit]
+
+    def add_call(self, call: LLMCall) -> None:
+        self._calls.append(copy.deepcopy(call))
+
+    def calls(
+        self, rollout_id: str | None, attempt_id: str | None, after_order_key: int, limit: int
+    ) -> list[LLMCall]:
+        out = [
+            copy.deepcopy(c)
+            for c in sorted(self._calls, key=lambda c: c.order_key)
+            if c.rollout_id == rollout_id
+            and attempt_id in (None, c.attempt_id)
+            and c.order_key > after_order_key
+        ]
+        return out[:limit]
+
+    def last_resource_version(self, name: str) -> int:
+        versions = self._resources[name]
+        return versions[-1].version if versions else 0
+
+    def put_resource(self, resource: Resource) -> None:
+        self._resources[resource.name].append(copy.copy(resource))
+
+    def get_resource(self, name: str, version: int | None) -> Resource | None:
+        for r in reversed(self._resources.get(name, [])):
+            if version is None or r.version == version:
+                return copy.copy(r)
+        return None
+
+    def latest_resources(self) -> list[Resource]:
+        return [copy.copy(v[-1]) for _, v in sorted(self._resources.items()) if v]
+
+    def put_model(self, model: ModelRecord) -> None:
+        self._models[model.name] = copy.copy(model)
+
+    def models(self) -> list[ModelRecord]:
+        return [copy.copy(m) for _, m in sorted(self._models.items())]
+
+
+class MemoryStore(Store):
+    def __init__(self) -> None:
+        super().__init__()
+        self.repo = MemoryRepo()
+
+    async def _write(self, fn: Callable[[MemoryRepo], T]) -> T:
+        return fn(self.repo)
+
+    async def _read(self, fn: Callable[[MemoryRepo], T]) -> T:
+        return fn(self.repo)

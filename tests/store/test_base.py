@@ -1,0 +1,264 @@
+"""The store's rules, once, against every backend (tests/store/conftest.py parametrises `store`)."""
+
+from __future__ import annotations
+
+import asyncio
+from array import array
+
+import pytest
+
+from agl_lite.errors import BadRequest, Conflict, NotFound
+from agl_lite.store.base import EventSpec, RolloutFilter, RolloutSpec, Store
+from agl_lite.store.records import (
+    AttemptStatus,
+    CallOutcome,
+    ChoiceRecord,
+    LLMCall,
+    RolloutConfig,
+    RolloutStatus,
+)
+
+
+async def running_rollout(store: Store, rid: str = "r1", **config: object) -> None:
+    await store.enqueue([RolloutSpec(input={"q": 1}, id=rid, config=RolloutConfig(**config))])  # type: ignore[arg-type]
+    claimed = await store.claim("runner-a", 100)
+    assert rid in {r.id for r in claimed}
+
+
+async def test_enqueue_creates_queuing_rollouts_in_order(store: Store) -> None:
+    created = await store.enqueue([RolloutSpec(input=i) for i in range(3)])
+    assert [r.status for r in created] == [RolloutStatus.QUEUING] * 3
+    assert [r.enqueue_seq for r in created] == [1, 2, 3]
+    assert (await store.get_rollout(created[1].id)).input == 1
+
+
+async def test_enqueue_with_an_existing_id_is_idempotent(store: Store) -> None:
+    (first,) = await store.enqueue([RolloutSpec(input="a", id="same")])
+    (again,) = await store.enqueue([RolloutSpec(input="b", id="same")])
+    assert again.input == "a"
+    assert again.enqueue_seq == first.enqueue_seq
+    assert len(await store.list_rollouts()) == 1
+
+
+@pytest.mark.parametrize("bad_id", ["has space", "dot.ted", "", "x" * 129])
+async def test_enqueue_rejects_unsafe_ids_and_changes_nothing(store: Store, bad_id: str) -> None:
+    with pytest.raises(BadRequest):
+        await store.enqueue([RolloutSpec(input=1, id="ok"), RolloutSpec(input=2, id=bad_id)])
+    assert await store.list_rollouts() == []
+
+
+async def test_claim_is_fifo_and_moves_to_running(store: Store) -> None:
+    await store.enqueue([RolloutSpec(input=i, id=f"r{i}") for i in range(5)])
+    first = await store.claim("runner-a", 2)
+    assert [r.id for r in first] == ["r0", "r1"]
+    assert all(r.status is RolloutStatus.RUNNING and r.runner_id == "runner-a" for r in first)
+    assert [r.id for r in await store.claim("runner-b", 10)] == ["r2", "r3", "r4"]
+    assert await store.claim("runner-b", 10) == []
+
+
+async def test_list_filters_and_paginates_by_keyset(store: Store) -> None:
+    await store.enqueue(
+        [
+            RolloutSpec(input=i, id=f"r{i}", mode="val" if i % 2 else "train", group_id=f"g{i // 2}")
+            for i in range(6)
+        ]
+    )
+    page1 = await store.list_rollouts(RolloutFilter(limit=4))
+    page2 = await store.list_rollouts(RolloutFilter(after=page1[-1].enqueue_seq, limit=4))
+    assert [r.id for r in page1 + page2] == [f"r{i}" for i in range(6)]
+    assert [r.id for r in await store.list_rollouts(RolloutFilter(mode="val"))] == ["r1", "r3", "r5"]
+    assert [r.id for r in await store.list_rollouts(RolloutFilter(group_id="g1"))] == ["r2", "r3"]
+
+
+async def test_finish_and_illegal_transitions(store: Store) -> None:
+    await store.enqueue([RolloutSpec(input=1, id="q")])
+    with pytest.raises(Conflict, match="queuing; it cannot become succeeded"):
+        await store.finish("q", RolloutStatus.SUCCEEDED)
+    await store.claim("runner", 1)
+    done = await store.finish("q", RolloutStatus.SUCCEEDED)
+    assert done.status is RolloutStatus.SUCCEEDED
+    assert done.completion_seq == 1
+    with pytest.raises(Conflict):
+        await store.finish("q", RolloutStatus.FAILED)
+    with pytest.raises(Conflict):
+        await store.cancel("q")
+    assert (await store.get_rollout("q")).status is RolloutStatus.SUCCEEDED
+
+
+async def test_finish_rejects_a_non_verdict_status(store: Store) -> None:
+    await running_rollout(store)
+    with pytest.raises(BadRequest):
+        await store.finish("r1", RolloutStatus.QUEUING)
+
+
+async def test_unknown_rollout_is_not_found(store: Store) -> None:
+    with pytest.raises(NotFound):
+        await store.get_rollout("nope")
+    with pytest.raises(NotFound):
+        await store.cancel("nope")
+    with pytest.raises(NotFound):
+        await store.add_events("nope", [EventSpec("x")])
+
+
+async def test_cancel_cancels_running_attempts(store: Store) -> None:
+    await running_rollout(store, max_attempts=2)
+    attempt = await store.start_attempt("r1")
+    cancelled = await store.cancel("r1", "user asked")
+    assert cancelled.status is RolloutStatus.CANCELLED
+    assert cancelled.message == "user asked"
+    (after,) = await store.attempts("r1")
+    assert (after.id, after.status) == (attempt.id, AttemptStatus.CANCELLED)
+
+
+async def test_attempts_respect_the_cap_and_upsert_by_id(store: Store) -> None:
+    await running_rollout(store, max_attempts=2, timeout_s=30)
+    a1 = await store.start_attempt("r1", "pod-uid-1")
+    assert (a1.seq, a1.status) == (1, AttemptStatus.RUNNING)
+    assert a1.deadline is not None
+    assert a1.deadline == pytest.approx(a1.started_at + 30)
+    assert (await store.start_attempt("r1", "pod-uid-1")).seq == 1  # first sight again: the same attempt
+    a2 = await store.start_attempt("r1")
+    assert a2.seq == 2
+    with pytest.raises(Conflict, match="used all 2 attempts"):
+        await store.start_attempt("r1")
+    assert [a.id for a in await store.attempts("r1")] == ["pod-uid-1", a2.id]
+
+
+async def test_attempts_start_only_while_running(store: Store) -> None:
+    await store.enqueue([RolloutSpec(input=1, id="q")])
+    with pytest.raises(Conflict, match="only while running"):
+        await store.start_attempt("q")
+    await store.claim("runner", 1)
+    await store.finish("q", RolloutStatus.FAILED)
+    with pytest.raises(Conflict):
+        await store.start_attempt("q", "late-pod")
+
+
+async def test_attempt_transitions(store: Store) -> None:
+    await running_rollout(store)
+    a = await store.start_attempt("r1")
+    done = await store.update_attempt("r1", a.id, AttemptStatus.FAILED, exit_code=3, message="boom")
+    assert (done.status, done.exit_code, done.message) == (AttemptStatus.FAILED, 3, "boom")
+    with pytest.raises(Conflict):
+        await store.update_attempt("r1", a.id, AttemptStatus.SUCCEEDED)
+    with pytest.raises(NotFound):
+        await store.update_attempt("r1", "nope", AttemptStatus.SUCCEEDED)
+
+
+async def test_running_lists_rollouts_with_attempts(store: Store) -> None:
+    await running_rollout(store, max_attempts=3)
+    a = await store.start_attempt("r1")
+    ((rollout, attempts),) = await store.running()
+    assert rollout.id == "r1"
+    assert [x.id for x in attempts] == [a.id]
+
+
+async def test_events_have_a_per_rollout_sequence_and_filters(store: Store) -> None:
+    await store.enqueue([RolloutSpec(input=1, id="a"), RolloutSpec(input=2, id="b")])
+    await store.add_events("a", [EventSpec("note", {"x": 1}), EventSpec("note", {"x": 2})])
+    await store.add_events("b", [EventSpec("note")])
+    (third,) = await store.add_events("a", [EventSpec("other")])
+    assert third.seq == 3
+    assert [e.seq for e in await store.events("a", kind="note")] == [1, 2]
+    assert [e.seq for e in await store.events("a", after_seq=1)] == [2, 3]
+    assert [e.seq for e in await store.events("b")] == [1]
+
+
+async def test_reward_event_sets_the_rollout_reward_last_one_wins(store: Store) -> None:
+    await store.enqueue([RolloutSpec(input=1, id="a")])
+    await store.add_events("a", [EventSpec("reward", {"value": 0.5}), EventSpec("reward", 1)])
+    assert (await store.get_rollout("a")).reward == 1.0
+
+
+@pytest.mark.parametrize("data", [None, "high", {"value": "1"}, {"value": True}, {}])
+async def test_reward_needs_a_number_and_bad_batches_change_nothing(store: Store, data: object) -> None:
+    await store.enqueue([RolloutSpec(input=1, id="a")])
+    with pytest.raises(BadRequest, match="numeric value"):
+        await store.add_events("a", [EventSpec("note"), EventSpec("reward", data)])
+    assert await store.events("a") == []
+
+
+async def test_completion_cursor_orders_terminal_rollouts(store: Store) -> None:
+    await store.enqueue([RolloutSpec(input=i, id=f"r{i}") for i in range(3)])
+    await store.claim("runner", 3)
+    await store.finish("r2", RolloutStatus.SUCCEEDED)
+    await store.cancel("r0")
+    rows, cursor = await store.completed(after=0)
+    assert [r.id for r in rows] == ["r2", "r0"]
+    assert cursor == 2
+    assert await store.completed(after=cursor) == ([], 2)
+
+
+async def test_completed_long_poll_wakes_on_a_completion(store: Store) -> None:
+    await running_rollout(store)
+    waiter = asyncio.ensure_future(store.completed(after=0, wait=30))
+
+    async def waiting() -> None:
+        while store.completion_waiters == 0:  # noqa: ASYNC110 — a counter, not an event, is what the store has
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(waiting(), 5)  # the long-poll is parked: only a wake-up can end it early
+    await store.finish("r1", RolloutStatus.SUCCEEDED)
+    rows, cursor = await asyncio.wait_for(waiter, 5)
+    assert ([r.id for r in rows], cursor) == (["r1"], 1)
+
+
+async def test_completed_long_poll_returns_empty_after_wait(store: Store) -> None:
+    assert await store.completed(after=0, wait=0.05) == ([], 0)
+
+
+async def test_resources_are_versioned(store: Store) -> None:
+    assert (await store.put_resource("prompt", {"t": "v1"})).version == 1
+    assert (await store.put_resource("prompt", {"t": "v2"})).version == 2
+    await store.put_resource("sampling", {"temperature": 0.7})
+    assert (await store.get_resource("prompt")).value == {"t": "v2"}
+    assert (await store.get_resource("prompt", 1)).value == {"t": "v1"}
+    assert [(r.name, r.version) for r in await store.latest_resources()] == [("prompt", 2), ("sampling", 1)]
+    with pytest.raises(NotFound):
+        await store.get_resource("prompt", 9)
+
+
+async def test_models_register_and_update(store: Store) -> None:
+    await store.put_model("qwen", ["http://127.0.0.1:8000/v1"], "step-1")
+    await store.put_model("qwen", ["http://127.0.0.1:8000/v1"], "step-2")
+    (model,) = await store.models()
+    assert (model.name, model.version) == ("qwen", "step-2")
+
+
+def call(
+    rollout: str | None, order: int, prompt: list[int], completions: list[list[int]], **kw: object
+) -> LLMCall:
+    return LLMCall(
+        id=f"c{order}",
+        order_key=order,
+        outcome=CallOutcome.OK,
+        api="chat",
+        rollout_id=rollout,
+        attempt_id="a1" if rollout else None,
+        prompt_token_ids=array("I", prompt),
+        choices=[
+            ChoiceRecord(index=i, text="t", token_ids=array("I", c), logprobs=array("f", [-0.5] * len(c)))
+            for i, c in enumerate(completions)
+        ],
+        usage={"completion_tokens": sum(map(len, completions))},
+        complete=True,
+        request={"m": 1},
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def test_calls_round_trip_exactly_in_request_order(store: Store) -> None:
+    await store.enqueue([RolloutSpec(input=1, id="r")])
+    second = call("r", 20, list(range(100, 140)), [[7, 8, 9]])
+    first = call("r", 10, list(range(100, 120)), [[1, 2], [3, 4, 5]])
+    await store.add_call(second)
+    await store.add_call(first)
+    assert await store.calls("r") == [first, second]
+    events = await store.events("r", kind="llm_call")
+    assert [e.data["call_id"] for e in events] == ["c20", "c10"]  # events in commit order; calls by order_key
+
+
+async def test_unattributed_calls_are_kept_apart(store: Store) -> None:
+    admin_call = call(None, 5, [1, 2, 3], [[4]])
+    await store.add_call(admin_call)
+    assert await store.calls(None) == [admin_call]

@@ -1,0 +1,175 @@
+"""What only the SQLite backend promises: durability, group commit, migrations, prefix-shared token storage."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+import subprocess
+import sys
+from array import array
+from pathlib import Path
+
+import pytest
+
+from agl_lite.errors import ConfigError, Conflict
+from agl_lite.store.base import EventSpec, RolloutSpec
+from agl_lite.store.records import CallOutcome, ChoiceRecord, LLMCall, RolloutStatus
+from agl_lite.store.sqlite import SCHEMA_VERSION, SQLiteStore
+
+
+async def test_data_survives_close_and_reopen(tmp_path: Path) -> None:
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    await store.enqueue([RolloutSpec(input={"q": "x"}, id="r1", metadata={"answer": 3})])
+    await store.add_events("r1", [EventSpec("note", [1, 2])])
+    await store.close()
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        rollout = await store.get_rollout("r1")
+        assert (rollout.input, rollout.metadata) == ({"q": "x"}, {"answer": 3})
+        assert [e.data for e in await store.events("r1")] == [[1, 2]]
+    finally:
+        await store.close()
+
+
+async def test_schema_version_is_recorded_and_a_newer_one_refused(tmp_path: Path) -> None:
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    await store.close()
+    conn = sqlite3.connect(tmp_path / "s.db")
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(ConfigError, match="newer than this agl-lite"):
+        await SQLiteStore.open(tmp_path / "s.db")
+
+
+async def test_concurrent_writes_share_commits(tmp_path: Path) -> None:
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        await store.enqueue([RolloutSpec(input=i, id=f"r{i}") for i in range(50)])
+        before = store.commits
+        await asyncio.gather(*(store.add_events(f"r{i}", [EventSpec("e")]) for i in range(50)))
+        assert store.commits - before < 50  # group commit: fewer transactions than acknowledged writes
+    finally:
+        await store.close()
+
+
+async def test_a_rejected_operation_does_not_spoil_its_batch(tmp_path: Path) -> None:
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        await store.enqueue([RolloutSpec(input=1, id="ok"), RolloutSpec(input=2, id="done")])
+        await store.claim("runner", 2)
+        await store.finish("done", RolloutStatus.SUCCEEDED)
+        results = await asyncio.gather(
+            store.finish("done", RolloutStatus.FAILED),  # illegal: rolled back alone
+            store.add_events("ok", [EventSpec("e")]),
+            store.finish("ok", RolloutStatus.SUCCEEDED),
+            return_exceptions=True,
+        )
+        assert isinstance(results[0], Conflict)
+        assert (await store.get_rollout("ok")).status is RolloutStatus.SUCCEEDED
+        assert len(await store.events("ok")) == 1
+        assert (await store.get_rollout("done")).status is RolloutStatus.SUCCEEDED
+    finally:
+        await store.close()
+
+
+def turn_call(i: int, prompt: list[int], completion: list[int]) -> LLMCall:
+    return LLMCall(
+        id=f"c{i}",
+        order_key=i,
+        outcome=CallOutcome.OK,
+        api="chat",
+        rollout_id="r",
+        attempt_id="a",
+        prompt_token_ids=array("I", prompt),
+        choices=[ChoiceRecord(index=0, token_ids=array("I", completion))],
+    )
+
+
+async def test_thirty_turn_agent_stores_only_new_tokens(tmp_path: Path) -> None:
+    rng = random.Random(0)
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        await store.enqueue([RolloutSpec(input=1, id="r")])
+        context = [rng.randrange(50_000) for _ in range(300)]  # system prompt + task
+        new_tokens = len(context)
+        calls = []
+        for turn in range(30):
+            completion = [rng.randrange(50_000) for _ in range(rng.randrange(20, 80))]
+            calls.append(turn_call(turn, list(context), completion))
+            observation = [rng.randrange(50_000) for _ in range(rng.randrange(10, 60))]
+            context += completion + observation  # the next prompt extends prompt + completion exactly
+            new_tokens += len(completion) + len(observation)
+        for c in calls:
+            await store.add_call(c)
+        stored = store.token_bytes()
+        naive = 4 * sum(len(c.prompt_token_ids or []) + len(c.choices[0].token_ids) for c in calls)
+        assert stored <= 4 * new_tokens  # O(new tokens) ...
+        assert stored * 8 < naive  # ... not O(turns x context)
+        assert await store.calls("r") == calls  # and every call's full ids read back exactly
+    finally:
+        await store.close()
+
+
+async def test_parallel_side_call_shares_the_common_prefix(tmp_path: Path) -> None:
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        await store.enqueue([RolloutSpec(input=1, id="r")])
+        main = list(range(1000, 1400))
+        await store.add_call(turn_call(1, main, [1, 2, 3]))
+        before = store.token_bytes()
+        side = [*main[:350], 7, 7, 7]  # a summariser call that forks the conversation
+        await store.add_call(turn_call(2, side, [9]))
+        assert store.token_bytes() - before <= 4 * (3 + 1)
+        assert (await store.calls("r"))[1].prompt_token_ids == array("I", side)
+    finally:
+        await store.close()
+
+
+WRITER = """
+import asyncio, sys
+from agl_lite.core.logs import configure_logging
+from agl_lite.store.base import EventSpec, RolloutSpec
+from agl_lite.store.sqlite import SQLiteStore
+
+async def main():
+    configure_logging("warning")  # stdout carries only acknowledgements
+    store = await SQLiteStore.open(sys.argv[1])
+    await store.enqueue([RolloutSpec(input=0, id="r")])
+    async def one(i):
+        await store.add_events("r", [EventSpec("n", i)])
+        print(i, flush=True)   # acknowledged: committed
+    i = 0
+    while True:
+        await asyncio.gather(*(one(i + k) for k in range(8)))
+        i += 8
+
+asyncio.run(main())
+"""
+
+
+def write_until_killed(db: Path, target: int) -> list[int]:
+    """Run WRITER, SIGKILL it after `target` acknowledgements; the acknowledged values."""
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    acked = []
+    for line in proc.stdout:
+        acked.append(int(line))
+        if len(acked) >= target:
+            proc.kill()  # SIGKILL, mid-flight: more writes are queued and half-committed
+            break
+    proc.wait()
+    return acked
+
+
+@pytest.mark.parametrize("trial", range(3))
+async def test_sigkill_loses_no_acknowledged_write(tmp_path: Path, trial: int) -> None:
+    db = tmp_path / "s.db"
+    acked = await asyncio.to_thread(write_until_killed, db, random.Random(trial).randrange(50, 400))
+    store = await SQLiteStore.open(db)
+    try:
+        present = {e.data for e in await store.events("r", limit=100_000)}
+        assert set(acked) <= present
+    finally:
+        await store.close()
