@@ -14,7 +14,7 @@
         ├── TooManyRequests     429 rate_limited
         ├── InternalError       500 internal_error
         ├── UpstreamError       502 upstream_error (UpstreamTimeout: 504 upstream_timeout)
-        └── ServiceUnavailable  503 unavailable (paused, held past its bound, shutting down)
+        └── ServiceUnavailable  503 service_unavailable (held past its bound, the store's queue full)
 
 Each HttpError carries a stable `type` string that clients map on; `message` is for humans and never holds a key.
 """
@@ -134,4 +134,4 @@ class UpstreamTimeout(UpstreamError):
 
 class ServiceUnavailable(HttpError):
     status = 503
-    type = "unavailable"
+    type = "service_unavailable"

@@ -1,7 +1,8 @@
 """Auth: every request's key is checked against the scope its route declares (DESIGN.md §2).
 
-The admin key is `AGL_KEY`; agent and grader keys are derived from it per rollout, so there is no key table.
-Sets `auth.role`, `auth.rollout_id`, `auth.attempt_id`. Never logs a key.
+The admin key is `AGL_KEY`; agent and grader keys are derived from it per rollout, so there is no key table. With
+a store in the chain, an agent key works only while its rollout runs (its attempt is upserted on first sight) and
+a grader key likewise. Sets `auth.role`, `auth.rollout_id`, `auth.attempt_id`. Never logs a key.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.flow import Flow
 from agl_lite.core.keys import KeyRole, identify
 from agl_lite.core.routes import Scope
+from agl_lite.core.services import LoadContext
 from agl_lite.errors import ConfigError, Forbidden, Unauthorized
+from agl_lite.store.base import STORE, Store
+from agl_lite.store.records import RolloutStatus
 
 __all__ = ["MIN_KEY_LENGTH", "Auth"]
 
@@ -42,8 +46,15 @@ class Auth:
         )
 
     admin_key: str = ""
+    store: Store | None = None
+    _ctx: LoadContext | None = None
 
-    def configure(self, config: GatewayConfig, options: Auth.Options) -> None:
+    def load(self, ctx: LoadContext) -> None:
+        self._ctx = ctx
+
+    def configure(self, config: GatewayConfig, options: Auth.Options | None) -> None:
+        options = options or Auth.Options()
+        self.store = self._ctx.services.get(STORE) if self._ctx is not None else None
         key = os.environ.get(options.key_env, "")
         if not key:
             raise ConfigError(
@@ -53,7 +64,7 @@ class Auth:
             raise ConfigError(f"{options.key_env} is too short: use at least {MIN_KEY_LENGTH} characters")
         self.admin_key = key
 
-    def request(self, flow: Flow) -> None:
+    async def request(self, flow: Flow) -> None:
         route = flow.route
         rollout_id = flow.request.path_params.get("rollout_id")
         if rollout_id is not None:
@@ -76,3 +87,8 @@ class Auth:
             raise Forbidden(f"a {principal.role.value} key cannot call {route.method} {route.path}")
         if principal.rollout_id != rollout_id:
             raise Forbidden("this key belongs to another rollout")
+        if self.store is not None and rollout_id is not None:
+            if principal.role is KeyRole.AGENT:
+                await self.store.agent_gate(rollout_id, flow.request.path_params["attempt_id"])
+            elif await self.store.rollout_status(rollout_id) is not RolloutStatus.RUNNING:
+                raise Forbidden(f"rollout {rollout_id!r} is not running: its grader key no longer works")

@@ -13,8 +13,13 @@ from agl_lite.errors import AddonLoadError
 __all__ = ["ADDONS", "resolve_addon"]
 
 ADDONS: dict[str, str] = {
+    "store": "agl_lite.addons.store:Storage",
     "auth": "agl_lite.addons.auth:Auth",
+    "store_api": "agl_lite.addons.store_api:StoreApi",
+    "metrics": "agl_lite.addons.metrics:Metrics",
+    "control": "agl_lite.addons.control:Control",
     "route": "agl_lite.addons.route:Route",
+    "sink": "agl_lite.addons.sink:Sink",
 }
 """Short name → import string of every built-in addon."""
 

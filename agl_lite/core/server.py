@@ -42,6 +42,7 @@ class Gateway:
         self.config = config
         self.addons = addons
         self.table = RouteTable([*CORE_ROUTES, *addons.routes()])
+        addons.ctx.routes = self.table.routes
         self.upstream = Upstream(config.upstream)
         self._runner: web.ServerRunner | None = None
         self.port: int = 0

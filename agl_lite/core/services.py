@@ -6,12 +6,13 @@ Keys are typed (`ServiceKey[T]`), like aiohttp's `AppKey`: a store addon provide
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
+from agl_lite.core.routes import HttpRoute
 from agl_lite.core.tasks import TaskSet
 from agl_lite.errors import ConfigError
 
-__all__ = ["LoadContext", "ServiceKey", "Services"]
+__all__ = ["METRICS_REGISTRY", "LoadContext", "ServiceKey", "Services"]
 
 T = TypeVar("T")
 
@@ -19,6 +20,13 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True)
 class ServiceKey(Generic[T]):
     name: str
+
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+METRICS_REGISTRY: ServiceKey[CollectorRegistry] = ServiceKey("metrics")
+"""The registry `/metrics` exposes (provided by the `metrics` addon): other addons add their gauges to it."""
 
 
 class Services:
@@ -47,7 +55,9 @@ class Services:
 
 @dataclass(slots=True)
 class LoadContext:
-    """What `load` hands each addon: shared services and the task owner for background loops."""
+    """What `load` hands each addon: shared services, the task owner for background loops, the route table."""
 
     services: Services = field(default_factory=Services)
     tasks: TaskSet = field(default_factory=TaskSet)
+    routes: tuple[HttpRoute, ...] = ()
+    """Every HTTP route of the chain (set before `load`), e.g. for an OpenAPI document."""

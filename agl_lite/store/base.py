@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from agl_lite.core.routes import ID_PATTERN
-from agl_lite.errors import BadRequest, Conflict, NotFound
+from agl_lite.core.services import ServiceKey
+from agl_lite.errors import BadRequest, Conflict, Forbidden, NotFound
 from agl_lite.store.records import (
     ATTEMPT_NEXT,
     ROLLOUT_NEXT,
@@ -31,7 +32,7 @@ from agl_lite.store.records import (
     RolloutStatus,
 )
 
-__all__ = ["EventSpec", "Repo", "RolloutFilter", "RolloutSpec", "Store"]
+__all__ = ["STORE", "EventSpec", "Repo", "RolloutFilter", "RolloutSpec", "Store"]
 
 T = TypeVar("T")
 
@@ -98,6 +99,10 @@ class Repo(Protocol):
     def models(self) -> list[ModelRecord]: ...
 
 
+STORE: ServiceKey[Store] = ServiceKey("store")
+"""The service under which the `store` addon provides the store to the other addons."""
+
+
 def _check_id(kind: str, value: str) -> str:
     if not ID_PATTERN.match(value):
         raise BadRequest(f"invalid {kind} id {value!r}: use 1-128 of A-Z a-z 0-9 _ -")
@@ -105,7 +110,11 @@ def _check_id(kind: str, value: str) -> str:
 
 
 class Store:
-    """The async store every addon, runner and client uses. Subclasses provide `_write`, `_read` and `close`."""
+    """The async store every addon, runner and client uses. Subclasses provide `_write`, `_read` and `close`.
+
+    It also caches what the gateway asks on every agent call (a rollout's status, the attempts it has seen), kept
+    exact by updating it from this store's own writes: one gateway process owns its store.
+    """
 
     max_batch = 1000
     """Largest number of rollouts or events in one call."""
@@ -114,6 +123,8 @@ class Store:
         self._completed = asyncio.Event()  # replaced after each set: waiters hold the one they saw
         self.completion_waiters = 0
         """Long-polls now waiting for a completion (metrics, and tests that must know one is waiting)."""
+        self._status: dict[str, RolloutStatus] = {}
+        self._seen_attempts: set[tuple[str, str]] = set()
 
     # --- what a backend provides ---------------------------------------------------------------------------------
 
@@ -197,6 +208,7 @@ class Store:
         if status not in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED):
             raise BadRequest("a rollout finishes as 'succeeded' or 'failed' (use cancel to cancel)")
         result = await self._write(lambda repo: self._transition(repo, rollout_id, status, message))
+        self._status[rollout_id] = result.status
         self._notify_completion()
         return result
 
@@ -237,7 +249,10 @@ class Store:
                 out.append(rollout)
             return out
 
-        return await self._write(op)
+        claimed = await self._write(op)
+        for rollout in claimed:
+            self._status[rollout.id] = rollout.status
+        return claimed
 
     async def running(self) -> list[tuple[Rollout, list[Attempt]]]:
         """Every running rollout with its attempts: what a runner reconciles against."""
@@ -268,6 +283,35 @@ class Store:
     def _notify_completion(self) -> None:
         self._completed.set()
         self._completed = asyncio.Event()
+
+    async def rollout_status(self, rollout_id: str) -> RolloutStatus | None:
+        """A rollout's status, from the cache when this store has seen it (None: no such rollout)."""
+        status = self._status.get(rollout_id)
+        if status is None:
+            rollout = await self._read(lambda repo: repo.get_rollout(rollout_id))
+            if rollout is None:
+                return None
+            status = self._status[rollout_id] = rollout.status
+        return status
+
+    async def agent_gate(self, rollout_id: str, attempt_id: str) -> None:
+        """What an agent key needs on every call: its rollout is running, and its attempt exists or can be
+        upserted now (first sight of a pod UID) within the rollout's attempt cap. Forbidden or Conflict otherwise.
+        """
+        status = await self.rollout_status(rollout_id)
+        if status is None:
+            raise Forbidden(f"rollout {rollout_id!r} does not exist")
+        if status is not RolloutStatus.RUNNING:
+            raise Forbidden(
+                f"rollout {rollout_id!r} is {status.value}: its agent key works only while it runs"
+            )
+        if (rollout_id, attempt_id) not in self._seen_attempts:
+            attempt = await self.start_attempt(rollout_id, attempt_id)
+            if attempt.status is not AttemptStatus.RUNNING:
+                raise Forbidden(f"attempt {attempt_id!r} is {attempt.status.value}")
+            if len(self._seen_attempts) > 100_000:
+                self._seen_attempts.clear()  # a cache: the store stays the truth
+            self._seen_attempts.add((rollout_id, attempt_id))
 
     # --- attempts ------------------------------------------------------------------------------------------------
 
@@ -328,6 +372,7 @@ class Store:
             repo.put_attempt(attempt, new=False)
             return attempt
 
+        self._seen_attempts.discard((rollout_id, attempt_id))
         return await self._write(op)
 
     async def attempts(self, rollout_id: str) -> list[Attempt]:

@@ -1,0 +1,230 @@
+"""Control: pause and resume LLM calls around a weight sync, and report in-flight calls (DESIGN.md §6).
+
+A paused gateway holds new LLM calls until resume (bounded, then 503) or rejects them (429); the API is never
+paused. Held calls are not in flight, so a drain (`GET /api/gateway/state?wait_drained=S`) cannot deadlock.
+Sets `control.held_s` on calls it held and `control.rejected` ("paused" | "hold_timeout") on calls it refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+from urllib.parse import parse_qs
+
+from prometheus_client import Gauge
+
+from agl_lite.core.config import GatewayConfig, option
+from agl_lite.core.flow import Flow, json_response
+from agl_lite.core.routes import HttpRoute, RouteKind, Scope
+from agl_lite.core.services import METRICS_REGISTRY, LoadContext, Services
+from agl_lite.errors import BadRequest, ConfigError, ServiceUnavailable, TooManyRequests
+
+__all__ = ["Control", "PauseMode"]
+
+
+class PauseMode(StrEnum):
+    HOLD = "hold"
+    """New LLM calls wait for resume, at most the pause's hold timeout, then get 503."""
+    REJECT = "reject"
+    """New LLM calls get 429 at once."""
+
+
+class Control:
+    routes = (
+        HttpRoute(
+            "gateway_pause",
+            "POST",
+            "/api/gateway/pause",
+            Scope.ADMIN,
+            RouteKind.API,
+            'Pause LLM calls: body {"mode": "hold"|"reject", "hold_timeout_s"?: number}.',
+        ),
+        HttpRoute(
+            "gateway_resume", "POST", "/api/gateway/resume", Scope.ADMIN, RouteKind.API, "Resume LLM calls."
+        ),
+        HttpRoute(
+            "gateway_state",
+            "GET",
+            "/api/gateway/state",
+            Scope.ADMIN,
+            RouteKind.API,
+            "Pause state and in-flight LLM calls; `?wait_drained=S` waits up to S s for none in flight.",
+        ),
+    )
+
+    @dataclass(frozen=True, slots=True)
+    class Options:
+        hold_timeout_s: float = option(
+            60.0, "Longest a held LLM call waits for resume, in seconds, unless the pause sets its own."
+        )
+        retry_after_s: int = option(10, "Retry-After, in seconds, sent with the 429 (reject) and 503 (hold).")
+        max_wait_s: float = option(600.0, "Upper bound on `?wait_drained=S`, in seconds.")
+
+    def __init__(self, options: Control.Options | None = None) -> None:
+        self.options = options or Control.Options()
+        self.paused = False
+        self.mode: PauseMode | None = None
+        self.hold_timeout_s: float | None = None
+        self.paused_since: float | None = None
+        self.held = 0
+        self._admitted: set[int] = set()
+        self._resumed = asyncio.Event()
+        self._tick: asyncio.Event | None = None
+        self._services: Services | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """LLM calls that passed the gate and have not reached `flow_done` (held calls are not counted)."""
+        return len(self._admitted)
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "paused": self.paused,
+            "mode": self.mode,
+            "hold_timeout_s": self.hold_timeout_s,
+            "in_flight": self.in_flight,
+            "held": self.held,
+            "paused_since": self.paused_since,
+        }
+
+    async def wait_until(self, predicate: Callable[[Control], bool], timeout: float) -> None:
+        """Return once `predicate(self)` holds (re-checked on every change); TimeoutError after `timeout` s."""
+        async with asyncio.timeout(timeout):
+            while not predicate(self):
+                if self._tick is None:
+                    self._tick = asyncio.Event()
+                await self._tick.wait()
+
+    # --- hooks -----------------------------------------------------------------------------------------------
+
+    def load(self, ctx: LoadContext) -> None:
+        self._services = ctx.services
+
+    def configure(self, config: GatewayConfig, options: Control.Options | None) -> None:
+        if options is not None:  # None when added as an instance (tests): keep the constructor's
+            self.options = options
+        o = self.options
+        if not (o.hold_timeout_s >= 0 and o.retry_after_s >= 0 and o.max_wait_s >= 0):
+            raise ConfigError(
+                f"{config.source}: addons.control: hold_timeout_s, retry_after_s and max_wait_s must be >= 0"
+            )
+        # Looked up here, not in load: the metrics addon may come later in the chain.
+        registry = self._services.get(METRICS_REGISTRY) if self._services is not None else None
+        if registry is not None:
+            Gauge("agl_gateway_paused", "1 while LLM calls are paused.", registry=registry).set_function(
+                lambda: float(self.paused)
+            )
+            Gauge(
+                "agl_gateway_held_requests",
+                "LLM calls held by a pause, waiting for resume.",
+                registry=registry,
+            ).set_function(lambda: float(self.held))
+
+    async def request(self, flow: Flow) -> None:
+        route = flow.route
+        if route.kind is RouteKind.LLM:
+            if self.paused:
+                await self._gate(flow)
+            self._admitted.add(flow.id)
+            self._changed()
+        elif route.name == "gateway_pause":
+            self._pause(flow)
+        elif route.name == "gateway_resume":
+            self._resume()
+            flow.response = json_response(200, self.state())
+        elif route.name == "gateway_state":
+            await self._answer_state(flow)
+
+    def flow_done(self, flow: Flow) -> None:
+        if flow.id in self._admitted:
+            self._admitted.discard(flow.id)
+            self._changed()
+
+    # --- internals -------------------------------------------------------------------------------------------
+
+    async def _gate(self, flow: Flow) -> None:
+        """Hold or reject a call while paused; returns once it may go on (resumed within its bound)."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        deadline = t0 + (self.hold_timeout_s or 0.0)  # the bound of the pause the call arrived in
+        retry = {"Retry-After": str(self.options.retry_after_s)}
+        while self.paused:
+            if self.mode is PauseMode.REJECT:
+                flow.metadata["control.rejected"] = "paused"
+                raise TooManyRequests("the gateway is paused (weight sync); retry later", headers=retry)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                flow.metadata["control.rejected"] = "hold_timeout"
+                raise ServiceUnavailable(
+                    "the gateway stayed paused longer than the hold timeout", headers=retry
+                )
+            resumed = self._resumed
+            self.held += 1
+            self._changed()
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await resumed.wait()
+            except asyncio.CancelledError:
+                # aiohttp cancels the handler when the client leaves; the relay is never reached to note it.
+                flow.client_disconnected = True
+                raise
+            finally:
+                self.held -= 1
+                flow.metadata["control.held_s"] = loop.time() - t0
+                self._changed()
+
+    def _pause(self, flow: Flow) -> None:
+        body = flow.request.json_object() if flow.request.body.strip() else {}
+        unknown = sorted(set(body) - {"mode", "hold_timeout_s"})
+        if unknown:
+            raise BadRequest(f"unknown field(s) {unknown}; known: mode, hold_timeout_s")
+        try:
+            mode = PauseMode(body.get("mode", PauseMode.HOLD))
+        except (ValueError, TypeError):
+            raise BadRequest("mode must be 'hold' or 'reject'", param="mode") from None
+        timeout = body.get("hold_timeout_s", self.options.hold_timeout_s)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 <= timeout < math.inf:
+            raise BadRequest("hold_timeout_s must be a finite number >= 0", param="hold_timeout_s")
+        if not self.paused:
+            self.paused, self.paused_since = True, time.time()
+        elif mode is not self.mode:
+            self._wake_held()  # held calls re-check: switching to reject answers them 429 now
+        self.mode, self.hold_timeout_s = mode, float(timeout)
+        self._changed()
+        flow.response = json_response(200, self.state())
+
+    def _resume(self) -> None:
+        if self.paused:
+            self.paused, self.mode, self.hold_timeout_s, self.paused_since = False, None, None, None
+            self._wake_held()
+            self._changed()
+
+    async def _answer_state(self, flow: Flow) -> None:
+        values = parse_qs(flow.request.query_string, keep_blank_values=True).get("wait_drained")
+        if values:
+            try:
+                wait = float(values[-1])
+            except ValueError:
+                wait = -1.0
+            if not 0 <= wait < math.inf:
+                raise BadRequest("wait_drained must be a number of seconds >= 0", param="wait_drained")
+            with contextlib.suppress(TimeoutError):
+                await self.wait_until(lambda c: c.in_flight == 0, min(wait, self.options.max_wait_s))
+        flow.response = json_response(200, self.state())
+
+    def _wake_held(self) -> None:
+        resumed, self._resumed = self._resumed, asyncio.Event()
+        resumed.set()
+
+    def _changed(self) -> None:
+        # Only allocates when someone waits, so the LLM hot path pays nothing for `wait_until`.
+        tick, self._tick = self._tick, None
+        if tick is not None:
+            tick.set()

@@ -1,0 +1,55 @@
+"""Store: opens the rollout store (SQLite by default, or memory) and provides it to the other addons.
+
+Put it first in the chain: `auth`, `sink`, `store_api` and the runner look the store up when they are configured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from agl_lite.core.config import GatewayConfig, option
+from agl_lite.core.services import LoadContext
+from agl_lite.store.base import STORE, Store
+from agl_lite.store.memory import MemoryStore
+from agl_lite.store.sqlite import SQLiteStore
+
+__all__ = ["Storage"]
+
+
+class Storage:
+    @dataclass(frozen=True, slots=True)
+    class Options:
+        backend: Literal["sqlite", "memory"] = option(
+            "sqlite", "`sqlite` (durable) or `memory` (tests, throwaway)."
+        )
+        path: str = option("agl-lite.db", "SQLite file, relative to the config file.")
+        synchronous: Literal["NORMAL", "FULL"] = option(
+            "NORMAL", "`NORMAL` survives a crash of the process; `FULL` also a power loss (slower commits)."
+        )
+        batch: int = option(256, "Most writes committed in one SQLite transaction (group commit).")
+        queue_size: int = option(
+            10_000, "Writes waiting for the writer; past it, writes get 503 + Retry-After."
+        )
+
+    store: Store | None = None
+
+    def load(self, ctx: LoadContext) -> None:
+        self._ctx = ctx
+
+    async def configure(self, config: GatewayConfig, options: Storage.Options | None) -> None:
+        options = options or Storage.Options()
+        if options.backend == "memory":
+            self.store = MemoryStore()
+        else:
+            self.store = await SQLiteStore.open(
+                config.base_dir / options.path,
+                synchronous=options.synchronous,
+                batch=options.batch,
+                queue_size=options.queue_size,
+            )
+        self._ctx.services.provide(STORE, self.store, by="store")
+
+    async def shutdown(self) -> None:
+        if self.store is not None:
+            await self.store.close()

@@ -1,0 +1,350 @@
+"""Store API: the JSON routes over the store — rollouts, the runner protocol, events, calls, resources, models —
+plus the agents' and graders' own routes under `/r/{rollout}/a/{attempt}/`, and the OpenAPI document.
+
+Answers by setting `flow.response`; validates every payload (pydantic) before the store sees it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+import orjson
+from multidict import CIMultiDict
+
+from agl_lite.core.config import GatewayConfig
+from agl_lite.core.flow import Flow, Response
+from agl_lite.core.keys import KeyRole
+from agl_lite.core.routes import ATTRIBUTED_PREFIX, HttpRoute, RouteKind, Scope
+from agl_lite.core.services import LoadContext
+from agl_lite.errors import BadRequest, Forbidden
+from agl_lite.store import api
+from agl_lite.store.base import STORE, RolloutFilter, Store
+from agl_lite.store.records import RolloutStatus
+
+__all__ = ["ROUTES", "StoreApi"]
+
+A, AG, GR, PUB = Scope.ADMIN, Scope.AGENT, Scope.GRADER, Scope.PUBLIC
+R = "/api/rollouts/{rollout_id}"
+
+ROUTES = (
+    HttpRoute("rollouts.enqueue", "POST", "/api/rollouts", A, RouteKind.API, "Enqueue rollouts (batch)."),
+    HttpRoute(
+        "rollouts.list", "GET", "/api/rollouts", A, RouteKind.API, "List rollouts (filters, keyset pages)."
+    ),
+    HttpRoute(
+        "rollouts.completed",
+        "GET",
+        "/api/rollouts/completed",
+        A,
+        RouteKind.API,
+        "Terminal rollouts after a cursor (long-poll).",
+    ),
+    HttpRoute("rollouts.get", "GET", R, A, RouteKind.API, "One rollout with its attempts."),
+    HttpRoute("rollouts.cancel", "POST", R + "/cancel", A, RouteKind.API, "Cancel a rollout."),
+    HttpRoute("rollouts.finish", "POST", R + "/finish", A, RouteKind.API, "The runner's verdict."),
+    HttpRoute(
+        "attempts.start", "POST", R + "/attempts", A, RouteKind.API, "Start an attempt; returns its env."
+    ),
+    HttpRoute(
+        "attempts.update", "PATCH", R + "/attempts/{attempt_id}", A, RouteKind.API, "Record an outcome."
+    ),
+    HttpRoute("events.list", "GET", R + "/events", A, RouteKind.API, "A rollout's events."),
+    HttpRoute(
+        "events.add", "POST", R + "/events", A, RouteKind.API, "Add events (rewards from the trainer)."
+    ),
+    HttpRoute(
+        "calls.list", "GET", R + "/calls", A, RouteKind.API, "A rollout's captured LLM calls with ids."
+    ),
+    HttpRoute("runner.claim", "POST", "/api/runner/claim", A, RouteKind.API, "Claim queued rollouts."),
+    HttpRoute(
+        "runner.running", "GET", "/api/runner/running", A, RouteKind.API, "Running rollouts + attempts."
+    ),
+    HttpRoute("resources.put", "POST", "/api/resources", A, RouteKind.API, "Add a resource version."),
+    HttpRoute(
+        "resources.latest", "GET", "/api/resources/latest", A, RouteKind.API, "Latest of each resource."
+    ),
+    HttpRoute("resources.get", "GET", "/api/resources/{name}", A, RouteKind.API, "A resource (?version=N)."),
+    HttpRoute("models.put", "POST", "/api/models", A, RouteKind.API, "Register a model version."),
+    HttpRoute("models.list", "GET", "/api/models", A, RouteKind.API, "Registered models."),
+    HttpRoute("openapi", "GET", "/api/openapi.json", PUB, RouteKind.API, "This API's OpenAPI document."),
+    HttpRoute(
+        "agent.events",
+        "POST",
+        ATTRIBUTED_PREFIX + "/events",
+        AG,
+        RouteKind.API,
+        "AGL_EVENT_URL: an agent's events (rewards only if trusted).",
+    ),
+    HttpRoute(
+        "agent.task", "GET", ATTRIBUTED_PREFIX + "/task", AG, RouteKind.API, "AGL_TASK_URL: the task input."
+    ),
+    HttpRoute(
+        "grader.rollout",
+        "GET",
+        ATTRIBUTED_PREFIX + "/grade",
+        GR,
+        RouteKind.API,
+        "The rollout with its metadata, for the grading step.",
+    ),
+    HttpRoute(
+        "grader.grade",
+        "POST",
+        ATTRIBUTED_PREFIX + "/grade",
+        GR,
+        RouteKind.API,
+        "AGL_GRADE_URL: the grader's reward and events.",
+    ),
+)
+
+
+def _ok(obj: Any, status: int = 200) -> Response:
+    return Response(status, CIMultiDict({"Content-Type": "application/json"}), body=orjson.dumps(obj))
+
+
+def _query(flow: Flow) -> dict[str, str]:
+    return {k: v[-1] for k, v in parse_qs(flow.request.query_string).items()}
+
+
+def _int(q: dict[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    raw = q.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"query parameter {name!r} must be an integer") from None
+    if not lo <= value <= hi:
+        raise BadRequest(f"query parameter {name!r} must be between {lo} and {hi}")
+    return value
+
+
+def _float(q: dict[str, str], name: str, default: float, lo: float, hi: float) -> float:
+    raw = q.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadRequest(f"query parameter {name!r} must be a number") from None
+    if not lo <= value <= hi:
+        raise BadRequest(f"query parameter {name!r} must be between {lo} and {hi}")
+    return value
+
+
+Handler = Callable[[Flow], Awaitable[Response]]
+
+
+class StoreApi:
+    routes = ROUTES
+
+    max_wait_s = 60.0
+    """Longest long-poll on the completion cursor."""
+
+    def load(self, ctx: LoadContext) -> None:
+        self._ctx = ctx
+        self._openapi: bytes | None = None
+
+    def configure(self, config: GatewayConfig, options: None) -> None:
+        self.store: Store = self._ctx.services.require(STORE, by="store_api")
+        self.public_url = config.public_url
+        self.admin_key = os.environ.get("AGL_KEY", "")
+        self._handlers: dict[str, Handler] = {
+            name.replace(".", "_"): getattr(self, name.replace(".", "_")) for name in (r.name for r in ROUTES)
+        }
+
+    async def request(self, flow: Flow) -> None:
+        handler = self._handlers.get(flow.route.name.replace(".", "_"))
+        if handler is not None and flow.route in ROUTES:
+            flow.response = await handler(flow)
+
+    def _rid(self, flow: Flow) -> str:
+        return flow.request.path_params["rollout_id"]
+
+    # --- rollouts ------------------------------------------------------------------------------------------------
+
+    async def rollouts_enqueue(self, flow: Flow) -> Response:
+        payload = api.parse(api.EnqueueIn, flow.request.body)
+        created = await self.store.enqueue([r.spec() for r in payload.rollouts])
+        return _ok({"rollouts": [r.to_json() for r in created]}, 201)
+
+    async def rollouts_list(self, flow: Flow) -> Response:
+        q = _query(flow)
+        status = q.get("status")
+        try:
+            flt = RolloutFilter(
+                status=RolloutStatus(status) if status else None,
+                mode=q.get("mode"),
+                group_id=q.get("group_id"),
+                after=_int(q, "after", 0, 0, 2**62),
+                limit=_int(q, "limit", 100, 1, 1000),
+            )
+        except ValueError:
+            raise BadRequest(
+                f"unknown status {status!r}: use one of {', '.join(s.value for s in RolloutStatus)}"
+            ) from None
+        rows = await self.store.list_rollouts(flt)
+        nxt = rows[-1].enqueue_seq if len(rows) == flt.limit else None
+        return _ok({"rollouts": [r.to_json() for r in rows], "next": nxt})
+
+    async def rollouts_completed(self, flow: Flow) -> Response:
+        q = _query(flow)
+        rows, cursor = await self.store.completed(
+            _int(q, "after", 0, 0, 2**62),
+            _int(q, "limit", 100, 1, 1000),
+            _float(q, "wait", 0.0, 0.0, self.max_wait_s),
+        )
+        return _ok({"rollouts": [r.to_json() for r in rows], "cursor": cursor})
+
+    async def rollouts_get(self, flow: Flow) -> Response:
+        rollout = await self.store.get_rollout(self._rid(flow))
+        attempts = await self.store.attempts(rollout.id)
+        return _ok({**rollout.to_json(), "attempts": [a.to_json() for a in attempts]})
+
+    async def rollouts_cancel(self, flow: Flow) -> Response:
+        message = api.parse(api.CancelIn, flow.request.body or b"{}").message
+        return _ok((await self.store.cancel(self._rid(flow), message)).to_json())
+
+    async def rollouts_finish(self, flow: Flow) -> Response:
+        payload = api.parse(api.FinishIn, flow.request.body)
+        rollout = await self.store.finish(self._rid(flow), RolloutStatus(payload.status), payload.message)
+        return _ok(rollout.to_json())
+
+    # --- attempts ------------------------------------------------------------------------------------------------
+
+    async def attempts_start(self, flow: Flow) -> Response:
+        attempt_id = api.parse(api.AttemptIn, flow.request.body or b"{}").attempt_id
+        rollout = await self.store.get_rollout(self._rid(flow))
+        if attempt_id == api.ATTEMPT_FROM_POD:
+            if rollout.status is not RolloutStatus.RUNNING:
+                raise BadRequest(f"rollout {rollout.id!r} is {rollout.status.value}, not running")
+            attempt_json = None
+        else:
+            attempt = await self.store.start_attempt(rollout.id, attempt_id)
+            attempt_id, attempt_json = attempt.id, attempt.to_json()
+        assert attempt_id is not None
+        grader = rollout.config.grader is not None
+        return _ok(
+            {
+                "attempt": attempt_json,
+                "env": api.agent_env(self.public_url, self.admin_key, rollout, attempt_id),
+                "grader_env": api.grader_env(self.public_url, self.admin_key, rollout, attempt_id)
+                if grader
+                else None,
+            },
+            201,
+        )
+
+    async def attempts_update(self, flow: Flow) -> Response:
+        payload = api.parse(api.AttemptPatchIn, flow.request.body)
+        attempt = await self.store.update_attempt(
+            self._rid(flow),
+            flow.request.path_params["attempt_id"],
+            payload.status,
+            exit_code=payload.exit_code,
+            message=payload.message,
+        )
+        return _ok(attempt.to_json())
+
+    # --- events and calls ----------------------------------------------------------------------------------------
+
+    async def events_list(self, flow: Flow) -> Response:
+        q = _query(flow)
+        kind = q.get("kind")
+        events = await self.store.events(
+            self._rid(flow), kind, _int(q, "after_seq", 0, 0, 2**62), _int(q, "limit", 1000, 1, 10_000)
+        )
+        return _ok({"events": [e.to_json() for e in events]})
+
+    async def events_add(self, flow: Flow) -> Response:
+        payload = api.parse(api.EventsIn, flow.request.body)
+        events = await self.store.add_events(
+            self._rid(flow), [e.spec() for e in payload.events], source="admin"
+        )
+        return _ok({"events": [e.to_json() for e in events]}, 201)
+
+    async def calls_list(self, flow: Flow) -> Response:
+        q = _query(flow)
+        rid = self._rid(flow)
+        await self.store.get_rollout(rid)
+        calls = await self.store.calls(
+            rid,
+            q.get("attempt_id"),
+            _int(q, "after_order_key", -1, -1, 2**63 - 1),
+            _int(q, "limit", 100, 1, 1000),
+        )
+        return _ok({"calls": [c.to_json() for c in calls]})
+
+    # --- the runner protocol -------------------------------------------------------------------------------------
+
+    async def runner_claim(self, flow: Flow) -> Response:
+        payload = api.parse(api.ClaimIn, flow.request.body)
+        claimed = await self.store.claim(payload.runner_id, payload.limit)
+        return _ok({"rollouts": [r.to_json() for r in claimed]})
+
+    async def runner_running(self, flow: Flow) -> Response:
+        rows = await self.store.running()
+        return _ok(
+            {"running": [{"rollout": r.to_json(), "attempts": [a.to_json() for a in at]} for r, at in rows]}
+        )
+
+    # --- resources and models ------------------------------------------------------------------------------------
+
+    async def resources_put(self, flow: Flow) -> Response:
+        payload = api.parse(api.ResourceIn, flow.request.body)
+        return _ok((await self.store.put_resource(payload.name, payload.value)).to_json(), 201)
+
+    async def resources_latest(self, flow: Flow) -> Response:
+        return _ok({"resources": [r.to_json() for r in await self.store.latest_resources()]})
+
+    async def resources_get(self, flow: Flow) -> Response:
+        q = _query(flow)
+        version = _int(q, "version", 0, 1, 2**62) if "version" in q else None
+        return _ok((await self.store.get_resource(flow.request.path_params["name"], version)).to_json())
+
+    async def models_put(self, flow: Flow) -> Response:
+        payload = api.parse(api.ModelIn, flow.request.body)
+        return _ok(
+            (await self.store.put_model(payload.name, payload.endpoints, payload.version)).to_json(), 201
+        )
+
+    async def models_list(self, flow: Flow) -> Response:
+        return _ok({"models": [m.to_json() for m in await self.store.models()]})
+
+    async def openapi(self, flow: Flow) -> Response:
+        from agl_lite.store.openapi import document
+
+        if self._openapi is None:
+            self._openapi = orjson.dumps(document(self._ctx.routes))
+        return Response(200, CIMultiDict({"Content-Type": "application/json"}), body=self._openapi)
+
+    # --- agents and graders --------------------------------------------------------------------------------------
+
+    async def agent_events(self, flow: Flow) -> Response:
+        payload = api.parse(api.AgentEventIn, flow.request.body)
+        rid, aid = self._rid(flow), flow.request.path_params["attempt_id"]
+        role = flow.metadata.get("auth.role")
+        if payload.kind == "reward" and role is not KeyRole.ADMIN:
+            rollout = await self.store.get_rollout(rid)
+            if not rollout.config.trust_agent_rewards:
+                raise Forbidden("this rollout does not take rewards from its agent")
+        source = "admin" if role is KeyRole.ADMIN else "agent"
+        (event,) = await self.store.add_events(rid, [payload.spec(aid)], source=source)
+        return _ok(event.to_json(), 201)
+
+    async def agent_task(self, flow: Flow) -> Response:
+        rollout = await self.store.get_rollout(self._rid(flow))
+        return _ok({"input": rollout.input, "mode": rollout.mode})
+
+    async def grader_rollout(self, flow: Flow) -> Response:
+        rollout = await self.store.get_rollout(self._rid(flow))
+        return _ok(rollout.to_json())
+
+    async def grader_grade(self, flow: Flow) -> Response:
+        payload = api.parse(api.AgentEventIn, flow.request.body)
+        aid = flow.request.path_params["attempt_id"]
+        source = "admin" if flow.metadata.get("auth.role") is KeyRole.ADMIN else "grader"
+        (event,) = await self.store.add_events(self._rid(flow), [payload.spec(aid)], source=source)
+        return _ok(event.to_json(), 201)

@@ -1,0 +1,217 @@
+"""The store's HTTP payloads, validated with pydantic (the OpenAPI document is generated from the same models),
+and the agent/grader environment of the agent contract (DESIGN.md §2). No I/O here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.errors import BadRequest
+from agl_lite.store.base import EventSpec, RolloutSpec
+from agl_lite.store.records import AttemptStatus, Rollout, RolloutConfig
+
+__all__ = [
+    "ATTEMPT_FROM_POD",
+    "AgentEventIn",
+    "AttemptIn",
+    "AttemptPatchIn",
+    "CancelIn",
+    "ClaimIn",
+    "EnqueueIn",
+    "EventsIn",
+    "FinishIn",
+    "ModelIn",
+    "PauseIn",
+    "ResourceIn",
+    "agent_env",
+    "grader_env",
+    "parse",
+]
+
+ID = r"^[A-Za-z0-9_-]{1,128}$"
+KIND = r"^[a-z][a-z0-9_.-]{0,63}$"
+ATTEMPT_FROM_POD = "$(AGL_ATTEMPT_ID)"
+"""Given as the attempt id, asks for an env template that Kubernetes expands with the pod UID."""
+TASK_INPUT_LIMIT = 64 * 1024
+"""Above this many bytes of JSON, the input is not put in the env; the agent GETs AGL_TASK_URL instead."""
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+class RolloutConfigIn(_In):
+    max_attempts: int = Field(1, ge=1, le=100, description="Attempts allowed (local retries / Job pods).")
+    timeout_s: float | None = Field(None, gt=0, description="Per-attempt wall-clock limit in seconds.")
+    trust_agent_rewards: bool = Field(False, description="Whether rewards the agent posts count.")
+    token_budget: int | None = Field(None, ge=1, description="Tokens the rollout's LLM calls may use in all.")
+    runner: dict[str, Any] = Field(
+        default_factory=dict, description="Runner overrides (command, env, Job fields)."
+    )
+    grader: dict[str, Any] | None = Field(None, description="The grading step (command or container).")
+
+
+class RolloutIn(_In):
+    input: Any = Field(description="The task, as JSON; the agent reads it from AGL_TASK_INPUT.")
+    mode: Annotated[str, Field(pattern=KIND)] = "train"
+    config: RolloutConfigIn = Field(default_factory=lambda: RolloutConfigIn.model_validate({}))
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="Yours (reference answers...); agents cannot read it."
+    )
+    group_id: Annotated[str, Field(pattern=ID)] | None = None
+    resources_version: int | None = Field(None, ge=1)
+    rollout_id: Annotated[str, Field(pattern=ID)] | None = Field(
+        None, description="Makes the create idempotent."
+    )
+
+    def spec(self) -> RolloutSpec:
+        return RolloutSpec(
+            input=self.input,
+            mode=self.mode,
+            config=RolloutConfig(**self.config.model_dump()),
+            metadata=self.metadata,
+            group_id=self.group_id,
+            resources_version=self.resources_version,
+            id=self.rollout_id,
+        )
+
+
+class EnqueueIn(_In):
+    rollouts: list[RolloutIn] = Field(min_length=1, max_length=1000)
+
+
+class ClaimIn(_In):
+    runner_id: Annotated[str, Field(pattern=ID)]
+    limit: int = Field(1, ge=1, le=1000)
+
+
+class AttemptIn(_In):
+    attempt_id: str | None = Field(
+        None,
+        description=f"A pod UID or any id; `{ATTEMPT_FROM_POD}` for a Kubernetes env template.",
+        pattern=r"^([A-Za-z0-9_-]{1,128}|\$\(AGL_ATTEMPT_ID\))$",
+    )
+
+
+class AttemptPatchIn(_In):
+    status: AttemptStatus
+    exit_code: int | None = None
+    message: str | None = Field(None, max_length=65536)
+
+
+class FinishIn(_In):
+    status: Literal["succeeded", "failed"]
+    message: str | None = Field(None, max_length=65536)
+
+
+class CancelIn(_In):
+    message: str | None = Field(None, max_length=65536)
+
+
+class EventIn(_In):
+    kind: Annotated[str, Field(pattern=KIND)]
+    data: Any = None
+    attempt_id: Annotated[str, Field(pattern=ID)] | None = None
+
+    def spec(self) -> EventSpec:
+        return EventSpec(self.kind, self.data, self.attempt_id)
+
+
+class EventsIn(_In):
+    events: list[EventIn] = Field(min_length=1, max_length=1000)
+
+
+class AgentEventIn(_In):
+    """What an agent (AGL_EVENT_URL) or grader posts: a custom event, or `{"kind": "reward", "value": ...}`."""
+
+    kind: Annotated[str, Field(pattern=KIND)]
+    value: float | None = Field(None, description="The reward, for kind `reward`.")
+    data: Any = None
+    response_id: str | None = Field(
+        None, max_length=256, description="Rewards one step: the call's response id."
+    )
+    choice: int | None = Field(None, ge=0, description="...and its choice index.")
+
+    def spec(self, attempt_id: str) -> EventSpec:
+        if self.kind == "reward":
+            if self.value is None:
+                raise BadRequest("a reward needs a numeric 'value'")
+            data: dict[str, Any] = {"value": self.value}
+            if self.response_id is not None:
+                data["response_id"] = self.response_id
+                data["choice"] = self.choice or 0
+            if self.data is not None:
+                data["data"] = self.data
+            return EventSpec("reward", data, attempt_id)
+        return EventSpec(self.kind, self.data, attempt_id)
+
+
+class ResourceIn(_In):
+    name: Annotated[str, Field(pattern=ID)]
+    value: Any
+
+
+class ModelIn(_In):
+    name: Annotated[str, Field(min_length=1, max_length=256)]
+    endpoints: list[Annotated[str, Field(pattern=r"^https?://")]] = Field(min_length=1, max_length=64)
+    version: Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class PauseIn(_In):
+    mode: Literal["hold", "reject"] = "hold"
+    hold_timeout_s: float | None = Field(None, gt=0, le=3600)
+
+
+def parse(model: type[_In], body: bytes) -> Any:
+    """Validate a JSON body into `model`; every problem is one 400 naming the field."""
+    if not body:
+        raise BadRequest("a JSON body is required")
+    try:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()[:5]
+        )
+        raise BadRequest(f"invalid request: {problems}") from None
+
+
+def agent_env(public_url: str, admin_key: str, rollout: Rollout, attempt_id: str) -> dict[str, str]:
+    """The environment an attempt starts with (DESIGN.md §2); `attempt_id` may be `$(AGL_ATTEMPT_ID)`."""
+    base = f"{public_url}/r/{rollout.id}/a/{attempt_id}"
+    key = derive_key(admin_key, rollout.id, KeyRole.AGENT)
+    env = {
+        "OPENAI_BASE_URL": f"{base}/v1",
+        "OPENAI_API_KEY": key,
+        "ANTHROPIC_BASE_URL": base,
+        "ANTHROPIC_API_KEY": key,
+        "AGL_EVENT_URL": f"{base}/events",
+        "AGL_ROLLOUT_ID": rollout.id,
+        "AGL_ATTEMPT_ID": attempt_id,
+        "AGL_MODE": rollout.mode,
+    }
+    task = orjson.dumps(rollout.input).decode()
+    if len(task) <= TASK_INPUT_LIMIT:
+        env["AGL_TASK_INPUT"] = task
+    else:
+        env["AGL_TASK_URL"] = f"{base}/task"
+    return env
+
+
+def grader_env(public_url: str, admin_key: str, rollout: Rollout, attempt_id: str) -> dict[str, str]:
+    """The grading step's environment: the grader key and its own URLs; never given to the agent."""
+    base = f"{public_url}/r/{rollout.id}/a/{attempt_id}"
+    return {
+        "AGL_GRADER_KEY": derive_key(admin_key, rollout.id, KeyRole.GRADER),
+        "AGL_GRADE_URL": f"{base}/grade",
+        "AGL_ROLLOUT_ID": rollout.id,
+        "AGL_ATTEMPT_ID": attempt_id,
+        "AGL_MODE": rollout.mode,
+    }

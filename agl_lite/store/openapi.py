@@ -1,0 +1,145 @@
+"""The OpenAPI 3.1 document of the service, generated from the route table and the payload models."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel
+
+from agl_lite import __version__
+from agl_lite.core.routes import HttpRoute, RouteKind, Scope
+from agl_lite.store import api
+
+__all__ = ["document"]
+
+BODIES: dict[str, type[BaseModel]] = {
+    "rollouts.enqueue": api.EnqueueIn,
+    "rollouts.cancel": api.CancelIn,
+    "rollouts.finish": api.FinishIn,
+    "attempts.start": api.AttemptIn,
+    "attempts.update": api.AttemptPatchIn,
+    "events.add": api.EventsIn,
+    "runner.claim": api.ClaimIn,
+    "resources.put": api.ResourceIn,
+    "models.put": api.ModelIn,
+    "agent.events": api.AgentEventIn,
+    "grader.grade": api.AgentEventIn,
+    "gateway.pause": api.PauseIn,
+}
+"""The JSON body each route takes."""
+
+_INT = {"type": "integer", "minimum": 0}
+QUERIES: dict[str, dict[str, dict[str, Any]]] = {
+    "rollouts.list": {
+        "status": {"type": "string", "enum": ["queuing", "running", "succeeded", "failed", "cancelled"]},
+        "mode": {"type": "string"},
+        "group_id": {"type": "string"},
+        "after": _INT,
+        "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
+    },
+    "rollouts.completed": {
+        "after": _INT,
+        "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
+        "wait": {"type": "number", "minimum": 0, "maximum": 60},
+    },
+    "events.list": {
+        "kind": {"type": "string"},
+        "after_seq": _INT,
+        "limit": {"type": "integer", "minimum": 1, "maximum": 10000},
+    },
+    "calls.list": {
+        "attempt_id": {"type": "string"},
+        "after_order_key": {"type": "integer", "minimum": -1},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
+    },
+    "resources.get": {"version": {"type": "integer", "minimum": 1}},
+}
+
+ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["type", "message", "code"],
+            "properties": {
+                "type": {"type": "string"},
+                "message": {"type": "string"},
+                "code": {"type": "integer"},
+            },
+        }
+    },
+}
+
+
+def document(routes: Iterable[HttpRoute]) -> dict[str, Any]:
+    paths: dict[str, dict[str, Any]] = {}
+    schemas: dict[str, Any] = {"Error": ERROR}
+    for route in routes:
+        op: dict[str, Any] = {
+            "operationId": route.name,
+            "summary": route.summary,
+            "tags": [route.kind.value, route.scope.value],
+            "responses": {
+                "default": {
+                    "description": "An error",
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                },
+                "200": {"description": "OK", "content": {"application/json": {"schema": {}}}},
+            },
+        }
+        if route.scope is not Scope.PUBLIC:
+            op["security"] = [{"bearer": []}, {"apiKey": []}]
+        params = [
+            {
+                "name": p,
+                "in": "path",
+                "required": True,
+                "schema": {"type": "string", "pattern": r"^[A-Za-z0-9_-]{1,128}$"},
+            }
+            for p in _path_params(route.path)
+        ]
+        params += [
+            {"name": n, "in": "query", "required": False, "schema": s}
+            for n, s in QUERIES.get(route.name, {}).items()
+        ]
+        if params:
+            op["parameters"] = params
+        model = BODIES.get(route.name)
+        if model is not None:
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))
+            schemas[model.__name__] = schema
+            op["requestBody"] = {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+                },
+            }
+        elif route.kind is RouteKind.LLM:
+            op["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            }
+        if route.method in ("POST", "PATCH") and route.name.endswith(
+            (".enqueue", ".start", ".add", ".put", ".events", ".grade")
+        ):
+            op["responses"]["201"] = op["responses"].pop("200")
+        paths.setdefault(route.path, {})[route.method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "agl-lite", "version": __version__},
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
+        },
+    }
+
+
+def _path_params(path: str) -> list[str]:
+    return [part[1:-1] for part in path.split("/") if part.startswith("{") and part.endswith("}")]

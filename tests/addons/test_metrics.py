@@ -1,0 +1,194 @@
+"""Prometheus exposition: what flow_done counts, the shared registry, and /metrics through a real gateway."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from multidict import CIMultiDict
+from prometheus_client import REGISTRY, Gauge
+from prometheus_client.parser import text_string_to_metric_families
+
+from agl_lite.addons.control import Control
+from agl_lite.addons.metrics import METRICS_REGISTRY, Metrics
+from agl_lite.addons.route import Route
+from agl_lite.core.config import GatewayConfig
+from agl_lite.core.flow import Flow, Response, json_response
+from agl_lite.core.services import LoadContext
+from agl_lite.errors import UpstreamTimeout
+from agl_lite.testing import MockVLLM, running_mock
+from agl_lite.testing.flows import make_flow
+from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
+
+ROUTES = (*Route.routes, *Metrics.routes)
+MESSAGES: Any = [{"role": "user", "content": "What is 2+3?"}]
+
+
+@dataclass
+class FakeRecord:
+    """Shaped like the capture addon's LLMCall, as far as metrics reads it."""
+
+    model: str | None = "smollm2"
+    usage: Any = field(default_factory=lambda: {"prompt_tokens": 11, "completion_tokens": 4})
+
+
+def llm_flow() -> Flow:
+    flow = make_flow("POST", "/v1/chat/completions", json_body={"model": "m"}, routes=ROUTES)
+    flow.metadata["route.model"] = "m"
+    return flow
+
+
+def upstream_response(status: int) -> Response:
+    return Response(status=status, headers=CIMultiDict(), from_upstream=True)
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+# --- unit ------------------------------------------------------------------------------------------------------
+
+
+def test_metrics_route_answers_prometheus_text() -> None:
+    metrics, flow = Metrics(), make_flow("GET", "/metrics", routes=ROUTES)
+    metrics.request(flow)
+    assert flow.response is not None
+    assert flow.response.headers["Content-Type"].startswith("text/plain")
+    names = {f.name for f in text_string_to_metric_families((flow.response.body or b"").decode())}
+    assert {"agl_requests", "agl_request_duration_seconds", "agl_llm_in_flight"} <= names
+
+
+def test_metrics_route_is_public() -> None:
+    assert [r.scope.value for r in Metrics.routes] == ["public"]
+
+
+def test_flow_done_counts_the_request_by_route_status_class_and_outcome() -> None:
+    metrics, flow = Metrics(), make_flow("GET", "/v1/models", routes=ROUTES)
+    flow.response = json_response(200, {})
+    metrics.flow_done(flow)
+    assert sample(metrics, "agl_requests_total", route="models", status="2xx", outcome="ok") == 1
+    assert sample(metrics, "agl_request_duration_seconds_count", route="models") == 1
+
+
+def test_client_disconnect_is_its_own_outcome() -> None:
+    metrics, flow = Metrics(), llm_flow()
+    flow.client_disconnected = True
+    metrics.flow_done(flow)
+    labels = {"route": "chat_completions", "status": "none", "outcome": "client_disconnected"}
+    assert sample(metrics, "agl_requests_total", **labels) == 1
+
+
+def test_llm_in_flight_rises_in_request_and_falls_in_flow_done_once() -> None:
+    metrics, flow = Metrics(), llm_flow()
+    metrics.request(flow)
+    assert sample(metrics, "agl_llm_in_flight") == 1
+    metrics.flow_done(flow)
+    metrics.flow_done(make_flow("GET", "/v1/models", routes=ROUTES))  # never counted as in flight
+    assert sample(metrics, "agl_llm_in_flight") == 0
+
+
+def test_tokens_are_counted_from_the_capture_records_usage() -> None:
+    metrics, flow = Metrics(), llm_flow()
+    metrics.request(flow)
+    flow.metadata["capture.record"] = FakeRecord()
+    metrics.flow_done(flow)
+    assert sample(metrics, "agl_llm_tokens_total", model="smollm2", kind="prompt") == 11
+    assert sample(metrics, "agl_llm_tokens_total", model="smollm2", kind="completion") == 4
+
+
+@pytest.mark.parametrize(
+    "record",
+    [object(), FakeRecord(usage=None), FakeRecord(usage={"prompt_tokens": "11", "completion_tokens": True})],
+)
+def test_a_record_without_usable_usage_counts_no_tokens(record: Any) -> None:
+    metrics, flow = Metrics(), llm_flow()
+    metrics.request(flow)
+    flow.metadata["capture.record"] = record
+    metrics.flow_done(flow)
+    assert sample(metrics, "agl_llm_tokens_total", model="smollm2", kind="prompt") is None
+    labels = {"route": "chat_completions", "status": "none", "outcome": "error"}
+    assert sample(metrics, "agl_requests_total", **labels) == 1
+
+
+def test_upstream_failure_is_counted_by_type() -> None:
+    metrics, flow = Metrics(), llm_flow()
+    metrics.request(flow)
+    flow.error = UpstreamTimeout("upstream x timed out")
+    metrics.flow_done(flow)
+    assert sample(metrics, "agl_upstream_errors_total", model="m", type="upstream_timeout") == 1
+
+
+def test_upstream_5xx_answer_is_counted_but_a_4xx_is_not() -> None:
+    metrics = Metrics()
+    for status in (503, 400):
+        flow = llm_flow()
+        metrics.request(flow)
+        flow.response = upstream_response(status)
+        metrics.flow_done(flow)
+    assert sample(metrics, "agl_upstream_errors_total", model="m", type="http_503") == 1
+    assert sample(metrics, "agl_upstream_errors_total", model="m", type="http_400") is None
+
+
+def test_registry_is_provided_as_a_service_and_is_not_the_global_one() -> None:
+    ctx, metrics = LoadContext(), Metrics()
+    metrics.load(ctx)
+    assert ctx.services.get(METRICS_REGISTRY) is metrics.registry
+    assert metrics.registry is not REGISTRY
+
+
+def test_another_addons_gauge_appears_in_the_exposition() -> None:
+    ctx, metrics = LoadContext(), Metrics()
+    metrics.load(ctx)
+    registry = ctx.services.get(METRICS_REGISTRY)
+    Gauge("agl_sink_queue_depth", "Records waiting to be committed.", registry=registry).set(3)
+    flow = make_flow("GET", "/metrics", routes=ROUTES)
+    metrics.request(flow)
+    assert flow.response is not None
+    assert scrape((flow.response.body or b"").decode())[("agl_sink_queue_depth", ())] == 3
+
+
+def test_process_metrics_follow_the_option() -> None:
+    on, off = Metrics(), Metrics()
+    on.configure(GatewayConfig(), None)
+    off.configure(GatewayConfig(), Metrics.Options(process=False))
+    assert sample(on, "process_cpu_seconds_total") is not None
+    assert sample(off, "process_cpu_seconds_total") is None
+
+
+# --- through a real gateway ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def gateway_url_with_metrics(gateway_factory: GatewayFactory) -> AsyncIterator[str]:
+    mock = MockVLLM(("smollm2",))
+    async with (
+        running_mock(mock) as url,
+        gateway_factory({"smollm2": [url]}, extra_addons=[Control(), Metrics()]) as gw,
+    ):
+        yield gateway_url(gw)
+
+
+async def test_metrics_endpoint_counts_requests_through_the_gateway(gateway_url_with_metrics: str) -> None:
+    base = gateway_url_with_metrics
+    async with openai.AsyncOpenAI(base_url=base + "/v1", api_key=ADMIN_KEY, max_retries=0) as sdk:
+        await sdk.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=3)
+        await sdk.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=3)
+    async with aiohttp.ClientSession() as http, http.get(base + "/metrics") as r:  # no key: public
+        assert r.status == 200
+        samples = scrape(await r.text())
+    ok = (("outcome", "ok"), ("route", "chat_completions"), ("status", "2xx"))
+    assert samples[("agl_requests_total", ok)] == 2
+    assert samples[("agl_llm_in_flight", ())] == 0
+    assert samples[("agl_gateway_held_requests", ())] == 0  # published by Control through the shared registry
