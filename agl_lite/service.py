@@ -31,10 +31,14 @@ def build_gateway(config: GatewayConfig, extra_addons: Sequence[Any] = ()) -> Ga
 
 
 async def check_config(config: GatewayConfig) -> Gateway:
-    """Instantiate and configure every addon without binding a socket; raises ConfigError on any problem."""
+    """Instantiate and configure every addon without binding a socket (then release what they opened, such as
+    the store); raises ConfigError on any problem."""
     gateway = build_gateway(config)
     await gateway.addons.load()
-    await gateway.addons.configure(config)
+    try:
+        await gateway.addons.configure(config)
+    finally:
+        await gateway.addons.shutdown()
     return gateway
 
 

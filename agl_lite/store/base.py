@@ -200,6 +200,7 @@ class Store:
         result = await self._write(
             lambda repo: self._transition(repo, rollout_id, RolloutStatus.CANCELLED, message)
         )
+        self._status[rollout_id] = result.status
         self._notify_completion()
         return result
 

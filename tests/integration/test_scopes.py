@@ -66,9 +66,12 @@ async def gateway(gateway_factory: GatewayFactory) -> AsyncIterator[Gateway]:
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", anything)
     chain = [name for name in ADDONS if name != "route"] + ["route"]  # every built-in addon
-    async with serve_app(app) as upstream, gateway_factory(
-        {"m": [upstream + "/v1"]}, chain=chain, addons={"store": {"backend": "memory"}}
-    ) as gw:
+    async with (
+        serve_app(app) as upstream,
+        gateway_factory(
+            {"m": [upstream + "/v1"]}, chain=chain, addons={"store": {"backend": "memory"}}
+        ) as gw,
+    ):
         store = gw.addons.ctx.services.require(STORE, by="test")
         await store.enqueue([RolloutSpec(input={"q": 1}, id=ROLLOUT), RolloutSpec(input={"q": 2}, id=OTHER)])
         await store.claim("test", 2)  # running: agent and grader keys work only then

@@ -7,7 +7,7 @@ from array import array
 
 import pytest
 
-from agl_lite.errors import BadRequest, Conflict, NotFound
+from agl_lite.errors import BadRequest, Conflict, Forbidden, NotFound
 from agl_lite.store.base import EventSpec, RolloutFilter, RolloutSpec, Store
 from agl_lite.store.records import (
     AttemptStatus,
@@ -262,3 +262,28 @@ async def test_unattributed_calls_are_kept_apart(store: Store) -> None:
     admin_call = call(None, 5, [1, 2, 3], [[4]])
     await store.add_call(admin_call)
     assert await store.calls(None) == [admin_call]
+
+
+async def test_agent_gate_follows_the_rollout_through_its_life(store: Store) -> None:
+    await store.enqueue([RolloutSpec(input=1, id="r", config=RolloutConfig(max_attempts=1))])
+    with pytest.raises(Forbidden, match="queuing"):
+        await store.agent_gate("r", "pod-1")
+    await store.claim("runner", 1)
+    await store.agent_gate("r", "pod-1")  # first sight: the attempt is upserted
+    await store.agent_gate("r", "pod-1")
+    assert [a.id for a in await store.attempts("r")] == ["pod-1"]
+    with pytest.raises(Conflict, match="used all 1 attempts"):
+        await store.agent_gate("r", "pod-2")
+    await store.cancel("r")
+    with pytest.raises(Forbidden, match="cancelled"):
+        await store.agent_gate("r", "pod-1")
+    with pytest.raises(Forbidden, match="does not exist"):
+        await store.agent_gate("nope", "pod-1")
+
+
+async def test_agent_gate_refuses_an_attempt_that_ended(store: Store) -> None:
+    await running_rollout(store, max_attempts=2)
+    await store.agent_gate("r1", "pod-1")
+    await store.update_attempt("r1", "pod-1", AttemptStatus.FAILED, exit_code=1)
+    with pytest.raises(Forbidden, match="failed"):
+        await store.agent_gate("r1", "pod-1")
