@@ -13,6 +13,7 @@ import typer
 from agl_lite import __version__
 from agl_lite.core.config import load_config
 from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.core.logs import configure_logging
 from agl_lite.core.routes import ID_PATTERN
 from agl_lite.errors import ConfigError
 
@@ -56,6 +57,7 @@ def check_config(config: Annotated[Path, typer.Argument(help="The agl-lite.toml 
     """
     from agl_lite.service import check_config as check
 
+    configure_logging("warning")
     try:
         cfg = load_config(config)
         gateway = asyncio.run(check(cfg))

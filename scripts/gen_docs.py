@@ -48,12 +48,46 @@ def http_routes() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _schema_table(schema: dict[str, object]) -> str:
+    required = set(schema.get("required", []))  # type: ignore[call-overload]
+    rows = []
+    for field, spec in schema.get("properties", {}).items():  # type: ignore[attr-defined]
+        options = spec.get("anyOf", [spec])
+        kind = " or ".join(o.get("type") or o.get("$ref", "object").rsplit("/", 1)[-1] for o in options)
+        if spec.get("type") == "array" and "$ref" in spec.get("items", {}):
+            kind = f"array of {spec['items']['$ref'].rsplit('/', 1)[-1]}"
+        rows.append(
+            f"| `{field}` | {kind} | {'yes' if field in required else ''} | {spec.get('description', '')} |"
+        )
+    return "| field | type | required | meaning |\n|---|---|---|---|\n" + "\n".join(rows) + "\n"
+
+
+def api_bodies() -> str:
+    from agl_lite.store.openapi import BODIES, QUERIES
+
+    out, done = [], set()
+    for name, model in BODIES.items():
+        schema = model.model_json_schema()
+        out.append(f"**`{name}`** takes `{model.__name__}`.\n")
+        for sub_name, sub in [(model.__name__, schema), *schema.get("$defs", {}).items()]:
+            if sub_name not in done and "properties" in sub:
+                done.add(sub_name)
+                out.append(f"`{sub_name}`\n\n" + _schema_table(sub))
+    out.append(
+        "Query parameters: "
+        + "; ".join(f"`{name}`: " + ", ".join(f"`{p}`" for p in params) for name, params in QUERIES.items())
+        + ".\n"
+    )
+    return "\n".join(out)
+
+
 SECTIONS = {
     "hooks": hooks.reference_markdown,
     "config": lambda: config.reference_markdown(config.GatewayConfig),
     "addon-options": addon_options,
     "routes-file": routes_file,
     "http-routes": http_routes,
+    "api-bodies": api_bodies,
 }
 
 MARKER = re.compile(r"(<!-- BEGIN GENERATED: ([\w-]+) -->\n)(.*?)(<!-- END GENERATED: \2 -->)", re.S)

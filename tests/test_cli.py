@@ -30,7 +30,7 @@ def test_check_config_accepts_a_valid_config(tmp_path: Path) -> None:
     result = runner.invoke(app, ["check-config", str(valid_config(tmp_path))])
     assert result.exit_code == 0, result.output
     assert "ok" in result.output
-    assert "auth -> route" in result.output
+    assert "store -> auth -> " in result.output
 
 
 def test_check_config_names_the_bad_key_and_exits_2(tmp_path: Path) -> None:

@@ -35,8 +35,20 @@ T = TypeVar("T")
 
 MiB = 1024 * 1024
 
-DEFAULT_CHAIN: tuple[str, ...] = ("auth", "route")
-"""The addon chain when the config names none; order matters (auth first)."""
+DEFAULT_CHAIN: tuple[str, ...] = (
+    "store",
+    "auth",
+    "store_api",
+    "control",
+    "metrics",
+    "route",
+    "capture",
+    "tokens",
+    "sink",
+)
+"""The addon chain when the config names none. Order matters: the store first (others look it up), auth on every
+flow, then the addons that answer their own paths, then the LLM path (pause, route, capture, tokens) and the sink
+that commits the captured call."""
 
 
 def option(default: Any, doc: str, *, toml_key: str = "") -> Any:

@@ -19,6 +19,8 @@ ADDONS: dict[str, str] = {
     "metrics": "agl_lite.addons.metrics:Metrics",
     "control": "agl_lite.addons.control:Control",
     "route": "agl_lite.addons.route:Route",
+    "capture": "agl_lite.addons.capture:Capture",
+    "tokens": "agl_lite.addons.tokens:Tokens",
     "sink": "agl_lite.addons.sink:Sink",
 }
 """Short name → import string of every built-in addon."""

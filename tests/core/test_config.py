@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from agl_lite.core.config import GatewayConfig, load_config
+from agl_lite.core.config import DEFAULT_CHAIN, GatewayConfig, load_config
 from agl_lite.errors import ConfigError
 
 
@@ -17,7 +17,8 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_empty_file_gives_defaults(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, ""))
     assert config.server == GatewayConfig().server
-    assert config.chain == ("auth", "route")
+    assert config.chain == DEFAULT_CHAIN
+    assert config.chain[:2] == ("store", "auth")
     assert config.routes_path == tmp_path / "routes.toml"
 
 

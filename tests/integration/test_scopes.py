@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from agl_lite.core.config import DEFAULT_CHAIN
 from agl_lite.core.keys import KeyRole, derive_key
 from agl_lite.core.registry import ADDONS
 from agl_lite.core.routes import HttpRoute, Scope
@@ -65,7 +66,8 @@ async def gateway(gateway_factory: GatewayFactory) -> AsyncIterator[Gateway]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", anything)
-    chain = [name for name in ADDONS if name != "route"] + ["route"]  # every built-in addon
+    chain = DEFAULT_CHAIN
+    assert set(chain) == set(ADDONS)  # every built-in addon, so every route
     async with (
         serve_app(app) as upstream,
         gateway_factory(

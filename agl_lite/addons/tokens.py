@@ -1,0 +1,97 @@
+"""Tokens: token accounting per rollout, model and key, and the optional per-rollout token budget.
+
+Counts come from the upstream's `usage` on each captured call (`capture.record`), or from the ids received when a
+stream was cut before its usage arrived. A rollout whose `config.token_budget` is spent gets 429 before the
+upstream is called. Totals of a rollout are read back from the store on first sight, so a restart keeps them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from agl_lite.core.config import GatewayConfig, option
+from agl_lite.core.flow import Flow
+from agl_lite.core.routes import RouteKind
+from agl_lite.core.services import LoadContext
+from agl_lite.errors import TooManyRequests
+from agl_lite.store.base import STORE, Store
+from agl_lite.store.records import LLMCall
+
+__all__ = ["Tokens", "call_tokens"]
+
+
+def call_tokens(call: LLMCall) -> tuple[int, int]:
+    """(prompt, completion) tokens of a captured call: its usage, else the ids it received."""
+    usage = call.usage or {}
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if isinstance(prompt, int) and isinstance(completion, int):
+        return prompt, completion
+    return len(call.prompt_token_ids or ()), sum(len(c.token_ids) for c in call.choices)
+
+
+class Tokens:
+    @dataclass(frozen=True, slots=True)
+    class Options:
+        max_rollouts: int = option(
+            100_000, "Rollouts whose totals are kept in memory (least recent dropped)."
+        )
+
+    def __init__(self) -> None:
+        self.by_model: Counter[tuple[str, str]] = Counter()
+        """(model, kind) → tokens, kind `prompt` or `completion`."""
+        self.by_role: Counter[str] = Counter()
+        """Key role (admin, agent) → tokens."""
+        self._rollouts: dict[str, int] = {}
+        self._budgets: dict[str, int | None] = {}
+        self.store: Store | None = None
+
+    def load(self, ctx: LoadContext) -> None:
+        self._ctx = ctx
+
+    def configure(self, config: GatewayConfig, options: Tokens.Options | None) -> None:
+        self.options = options or Tokens.Options()
+        self.store = self._ctx.services.get(STORE)
+
+    async def used(self, rollout_id: str) -> int:
+        """Tokens a rollout's calls used so far."""
+        if rollout_id not in self._rollouts:
+            total = 0
+            if self.store is not None:
+                after = -1
+                while calls := await self.store.calls(rollout_id, after_order_key=after, limit=1000):
+                    total += sum(sum(call_tokens(c)) for c in calls)
+                    after = calls[-1].order_key
+            if len(self._rollouts) >= self.options.max_rollouts:
+                self._rollouts.pop(next(iter(self._rollouts)))
+            self._rollouts[rollout_id] = total
+        return self._rollouts[rollout_id]
+
+    async def request(self, flow: Flow) -> None:
+        rollout_id = flow.metadata.get("auth.rollout_id")
+        if flow.route.kind is not RouteKind.LLM or rollout_id is None or self.store is None:
+            return
+        if rollout_id not in self._budgets:  # a rollout's config never changes: read it once
+            if len(self._budgets) >= self.options.max_rollouts:
+                self._budgets.pop(next(iter(self._budgets)))
+            self._budgets[rollout_id] = (await self.store.get_rollout(rollout_id)).config.token_budget
+        budget = self._budgets[rollout_id]
+        if budget is not None and await self.used(rollout_id) >= budget:
+            raise TooManyRequests(f"rollout {rollout_id!r} has used its token budget of {budget}")
+
+    async def flow_done(self, flow: Flow) -> None:
+        call = flow.metadata.get("capture.record")
+        if not isinstance(call, LLMCall):
+            return
+        prompt, completion = call_tokens(call)
+        model = call.model or "unknown"
+        self.by_model[(model, "prompt")] += prompt
+        self.by_model[(model, "completion")] += completion
+        self.by_role[str(flow.metadata.get("auth.role", "unknown"))] += prompt + completion
+        if call.rollout_id is not None:
+            if call.rollout_id in self._rollouts:
+                self._rollouts[call.rollout_id] += prompt + completion
+            else:
+                await self.used(
+                    call.rollout_id
+                )  # read from the store, where the sink already committed this call

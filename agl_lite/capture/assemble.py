@@ -1,0 +1,326 @@
+"""Turns the upstream bytes of one LLM call into choices, token ids, logprobs, usage and how the response ended.
+
+`Collector.feed` is the tap: it only keeps the chunks. Decoding happens in big batches, one `orjson.loads` over a
+JSON array of the batch's data payloads: at the end, or each time a long stream has buffered `COMPACT_BYTES`, so
+memory stays bounded while ids are held packed (`array`). It must not touch the flow or decide the outcome.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from array import array
+from typing import Any
+
+import orjson
+
+from agl_lite.core.sse import SSEParser
+from agl_lite.store.records import ChoiceRecord
+
+__all__ = ["COMPACT_BYTES", "Assembly", "Collector", "error_message"]
+
+COMPACT_BYTES = 256 * 1024
+"""A stream's buffered bytes that trigger a batch decode of its complete events (long generations only)."""
+
+_DATA = re.compile(rb"^data: ?(.*)", re.M)
+_DONE = re.compile(rb"^data: ?\[DONE\]", re.M)
+
+
+def error_message(err: Any) -> str:
+    """The human message of an OpenAI-style `error` member (an object or a bare string)."""
+    if isinstance(err, dict):
+        msg = err.get("message")
+        kind = err.get("type")
+        text = msg if isinstance(msg, str) else orjson.dumps(err).decode()
+        return f"{kind}: {text}" if isinstance(kind, str) and kind else text
+    return str(err)
+
+
+class _Choice:
+    __slots__ = ("finish_reason", "ids", "index", "logprobs", "prompt_ids", "text", "tool_calls", "tools")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.text: list[str] = []
+        self.tools: dict[int, list[Any]] = {}
+        """Streamed tool calls by tool index: [id, type, name pieces, argument pieces]."""
+        self.tool_calls: list[dict[str, Any]] | None = None
+        """Whole tool calls of a non-streamed message."""
+        self.finish_reason: str | None = None
+        self.ids = array("I")
+        self.logprobs: array[float] | None = None
+        self.prompt_ids: array[int] | None = None
+
+    def add_logprobs(self, lp: Any, chat: bool) -> None:
+        values = lp.get("content") if chat else lp.get("token_logprobs")
+        if not values:
+            return
+        if self.logprobs is None:
+            self.logprobs = array("f")
+        if chat:
+            self.logprobs.extend(e.get("logprob", math.nan) for e in values)
+        else:
+            self.logprobs.extend(math.nan if v is None else v for v in values)
+
+    def record(self) -> ChoiceRecord:
+        if self.tool_calls is not None:
+            tools = self.tool_calls
+        else:
+            tools = [
+                {
+                    "id": t[0],
+                    "type": t[1] or "function",
+                    "function": {"name": "".join(t[2]), "arguments": "".join(t[3])},
+                }
+                for _, t in sorted(self.tools.items())
+            ]
+        text: str | None = "".join(self.text) if self.text else None
+        if not text and tools:
+            text = None  # a tool-call answer has no content (the role chunk's "" is not content)
+        return ChoiceRecord(self.index, text, tools, self.finish_reason, self.ids, self.logprobs)
+
+
+class Assembly:
+    """What one response said, assembled from its JSON (a whole body, or a stream's events in order)."""
+
+    def __init__(self, *, chat: bool) -> None:
+        self.chat = chat
+        self.response_id: str | None = None
+        self.served_model: str | None = None
+        self.prompt_ids: array[int] | None = None
+        self.usage: dict[str, Any] | None = None
+        self.error: str | None = None
+        """An in-band error event, an error body, or a body that is not the JSON expected."""
+        self.done = False
+        """The stream's `[DONE]` was seen, or the whole body was decoded."""
+        self._choices: dict[int, _Choice] = {}
+
+    def choices(self) -> list[ChoiceRecord]:
+        return [self._choices[i].record() for i in sorted(self._choices)]
+
+    def prompt_token_ids(self) -> array[int] | None:
+        """Chat: top-level; completions: per choice (the first choice's; one prompt per call is what we record)."""
+        if self.prompt_ids is not None or self.chat:
+            return self.prompt_ids
+        for i in sorted(self._choices):
+            if (p := self._choices[i].prompt_ids) is not None:
+                return p
+        return None
+
+    def completion_ids_count(self) -> int:
+        return sum(len(c.ids) for c in self._choices.values())
+
+    def _choice(self, index: int) -> _Choice:
+        c = self._choices.get(index)
+        if c is None:
+            c = self._choices[index] = _Choice(index)
+        return c
+
+    def _head(self, obj: dict[str, Any]) -> bool:
+        """Top-level fields shared by bodies and stream events; False for an error object."""
+        err = obj.get("error")
+        if err is not None:
+            self.error = error_message(err)
+            return False
+        if self.response_id is None:
+            rid, model = obj.get("id"), obj.get("model")
+            self.response_id = rid if isinstance(rid, str) else None
+            self.served_model = model if isinstance(model, str) else None
+        prompt = obj.get("prompt_token_ids")
+        if prompt and self.prompt_ids is None:
+            self.prompt_ids = array("I", prompt)
+        usage = obj.get("usage")
+        if usage is not None:
+            self.usage = usage
+        return True
+
+    # --- streams -----------------------------------------------------------------------------------------------
+
+    def add_events(self, data: bytes) -> None:
+        """Fold whole SSE events (bytes that end at an event boundary) in order."""
+        payloads = _DATA.findall(data)
+        if not payloads:
+            return
+        if payloads[-1] == b"[DONE]":
+            payloads.pop()
+            self.done = True
+        try:
+            events = orjson.loads(b"[" + b",".join(payloads) + b"]")
+        except orjson.JSONDecodeError:
+            # Multi-line data, CR line ends, a stray non-JSON event: parse event by event, exactly.
+            events = self._events_one_by_one(data)
+        self._fold(events)
+
+    def add_events_exact(self, data: bytes) -> None:
+        """Like `add_events` through the exact SSE parser, event by event (CR line ends, multi-line data)."""
+        self._fold(self._events_one_by_one(data))
+
+    def _fold(self, events: list[Any]) -> None:
+        # The hot loop of a record (once per event, at the end): locals and few lookups on purpose.
+        chat = self.chat
+        choices = self._choices
+        for ev in events:
+            if type(ev) is not dict:
+                continue
+            # A plain chunk holds id, object, created, model and choices; prompt ids, usage, fingerprint or an
+            # error come on a few events only, so the head is looked at only when there is more.
+            if (len(ev) != 5 or self.response_id is None) and not self._head(ev):
+                continue
+            for ch in ev.get("choices") or ():
+                index = ch.get("index", 0)
+                c = choices.get(index)
+                if c is None:
+                    c = choices[index] = _Choice(index)
+                ids = ch.get("token_ids")
+                if ids:
+                    c.ids.fromlist(ids)
+                if chat:
+                    delta = ch.get("delta")
+                    if delta:
+                        text = delta.get("content")
+                        if text:
+                            c.text.append(text)
+                        if text is None or len(delta) > 1:
+                            calls = delta.get("tool_calls")
+                            if calls:
+                                _merge_tool_deltas(c.tools, calls)
+                else:
+                    text = ch.get("text")
+                    if text:
+                        c.text.append(text)
+                    if c.prompt_ids is None and (prompt := ch.get("prompt_token_ids")):
+                        c.prompt_ids = array("I", prompt)
+                finish = ch.get("finish_reason")
+                if finish is not None:
+                    c.finish_reason = finish
+                lp = ch.get("logprobs")
+                if lp:
+                    c.add_logprobs(lp, chat)
+
+    def _events_one_by_one(self, data: bytes) -> list[Any]:
+        events: list[Any] = []
+        for event in SSEParser().feed(data):
+            if event.data == b"[DONE]":
+                self.done = True
+                continue
+            try:
+                events.append(orjson.loads(event.data))
+            except orjson.JSONDecodeError:
+                continue
+        return events
+
+    # --- whole bodies ------------------------------------------------------------------------------------------
+
+    def add_body(self, body: bytes) -> None:
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            self.error = "the upstream body is not valid JSON"
+            return
+        if type(obj) is not dict:
+            self.error = "the upstream body is not a JSON object"
+            return
+        if not self._head(obj):
+            return
+        chat = self.chat
+        for ch in obj.get("choices") or ():
+            c = self._choice(ch.get("index", 0))
+            ids = ch.get("token_ids")
+            if ids:
+                c.ids.fromlist(ids)
+            if chat:
+                msg = ch.get("message") or {}
+                text = msg.get("content")
+                if text:
+                    c.text.append(text)
+                calls = msg.get("tool_calls")
+                if calls:
+                    c.tool_calls = [_whole_tool_call(t) for t in calls]
+            else:
+                text = ch.get("text")
+                if text:
+                    c.text.append(text)
+                prompt = ch.get("prompt_token_ids")
+                if prompt:
+                    c.prompt_ids = array("I", prompt)
+            c.finish_reason = ch.get("finish_reason")
+            lp = ch.get("logprobs")
+            if lp:
+                c.add_logprobs(lp, chat)
+        self.done = True
+
+
+def _merge_tool_deltas(tools: dict[int, list[Any]], calls: list[Any]) -> None:
+    for call in calls:
+        slot = tools.get(call.get("index", 0))
+        if slot is None:
+            slot = tools[call.get("index", 0)] = [None, None, [], []]
+        if call.get("id"):
+            slot[0] = call["id"]
+        if call.get("type"):
+            slot[1] = call["type"]
+        fn = call.get("function")
+        if fn:
+            if fn.get("name"):
+                slot[2].append(fn["name"])
+            if fn.get("arguments"):
+                slot[3].append(fn["arguments"])
+
+
+def _whole_tool_call(call: Any) -> dict[str, Any]:
+    fn = call.get("function") or {}
+    return {
+        "id": call.get("id"),
+        "type": call.get("type") or "function",
+        "function": {"name": fn.get("name") or "", "arguments": fn.get("arguments") or ""},
+    }
+
+
+class Collector:
+    """The tap of one upstream response: keeps chunks as they arrive; `finish()` decodes what is left."""
+
+    __slots__ = ("_chunks", "_limit", "_size", "assembly", "stream")
+
+    def __init__(self, *, stream: bool, chat: bool) -> None:
+        self.stream = stream
+        self.assembly = Assembly(chat=chat)
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._limit = COMPACT_BYTES if stream else math.inf
+
+    def feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        if self._size >= self._limit:
+            self._compact()
+
+    def _compact(self) -> None:
+        buf = b"".join(self._chunks)
+        end = buf.rfind(b"\n\n") + 2
+        if end > 1 and buf.find(b"\r") < 0:
+            self.assembly.add_events(buf[:end])
+            buf = buf[end:]
+        self._chunks = [buf] if buf else []
+        self._size = len(buf)
+        # Geometric, so that one huge event (a 700 KB prompt-ids line) is not re-joined at every read.
+        self._limit = self._size + max(COMPACT_BYTES, self._size)
+
+    def finish(self) -> Assembly:
+        """Decode whatever was not decoded yet; an unfinished last event is ignored, as the client's SDK does."""
+        buf = b"".join(self._chunks)
+        self._chunks = []
+        asm = self.assembly
+        if not self.stream:
+            if buf:
+                asm.add_body(buf)
+            return asm
+        if buf.find(b"\r") >= 0:
+            asm.add_events_exact(buf)  # CR line ends are legal SSE, never vLLM's: the exact parser knows them
+            return asm
+        cut = buf.rfind(b"\n\n")
+        rest = cut + 2 if cut >= 0 else 0
+        if rest:
+            asm.add_events(buf[:rest] if rest < len(buf) else buf)
+        if rest < len(buf) and _DONE.search(buf, rest) is not None:
+            asm.done = True  # `data: [DONE]` without its blank line still ends an OpenAI stream
+        return asm

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from array import array
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import openai
+import pytest
+
+from agl_lite.addons.tokens import Tokens, call_tokens
+from agl_lite.core.keys import derive_key
+from agl_lite.core.server import Gateway
+from agl_lite.store.base import STORE, RolloutSpec, Store
+from agl_lite.store.records import CallOutcome, ChoiceRecord, LLMCall, RolloutConfig
+from agl_lite.testing import MockVLLM, running_mock
+from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
+
+CHAIN = ("store", "auth", "route", "capture", "tokens", "sink")
+MESSAGES = [{"role": "user", "content": "What is 2+3?"}]
+
+
+def test_call_tokens_prefers_usage_and_falls_back_to_ids() -> None:
+    call = LLMCall(
+        id="c",
+        order_key=1,
+        outcome=CallOutcome.OK,
+        api="chat",
+        usage={"prompt_tokens": 10, "completion_tokens": 4},
+    )
+    assert call_tokens(call) == (10, 4)
+    cut = LLMCall(
+        id="c",
+        order_key=1,
+        outcome=CallOutcome.CLIENT_DISCONNECTED,
+        api="chat",
+        prompt_token_ids=array("I", range(7)),
+        choices=[ChoiceRecord(0, token_ids=array("I", [1, 2]))],
+    )
+    assert call_tokens(cut) == (7, 2)
+
+
+@dataclass
+class Setup:
+    gateway: Gateway
+    store: Store
+    tokens: Tokens
+
+    def agent(self, rollout: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=f"{gateway_url(self.gateway)}/r/{rollout}/a/a1/v1",
+            api_key=derive_key(ADMIN_KEY, rollout),
+            max_retries=0,
+        )
+
+
+@pytest.fixture
+async def setup(gateway_factory: GatewayFactory) -> AsyncIterator[Setup]:
+    async with (
+        running_mock(MockVLLM()) as url,
+        gateway_factory({"smollm2": [url]}, chain=CHAIN, addons={"store": {"backend": "memory"}}) as gw,
+    ):
+        store = gw.addons.ctx.services.require(STORE, by="test")
+        tokens = next(a.addon for a in gw.addons.addons if a.name == "tokens")
+        yield Setup(gw, store, tokens)
+
+
+async def test_usage_is_counted_per_rollout_and_model(setup: Setup) -> None:
+    await setup.store.enqueue([RolloutSpec(input=1, id="r1")])
+    await setup.store.claim("t", 1)
+    done = await setup.agent("r1").chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=5)  # type: ignore[arg-type]
+    assert done.usage is not None
+    assert await setup.tokens.used("r1") == done.usage.total_tokens
+    assert setup.tokens.by_model[("smollm2", "completion")] == done.usage.completion_tokens
+    assert setup.tokens.by_role["agent"] == done.usage.total_tokens
+
+
+async def test_spent_budget_gets_429_before_the_upstream(setup: Setup) -> None:
+    await setup.store.enqueue([RolloutSpec(input=1, id="r1", config=RolloutConfig(token_budget=20))])
+    await setup.store.claim("t", 1)
+    agent = setup.agent("r1")
+    await agent.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=5)  # type: ignore[arg-type]
+    calls_before = len(await setup.store.calls("r1"))
+    with pytest.raises(openai.RateLimitError, match="token budget"):
+        await agent.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=5)  # type: ignore[arg-type]
+    calls = await setup.store.calls("r1")
+    assert len(calls) == calls_before + 1
+    assert calls[-1].outcome is CallOutcome.REJECTED
+
+
+async def test_totals_survive_a_restart_of_the_accounting(setup: Setup) -> None:
+    await setup.store.enqueue([RolloutSpec(input=1, id="r1")])
+    await setup.store.claim("t", 1)
+    done = await setup.agent("r1").chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=5)  # type: ignore[arg-type]
+    fresh = Tokens()
+    fresh.store, fresh.options = setup.store, Tokens.Options()
+    assert done.usage is not None
+    assert await fresh.used("r1") == done.usage.total_tokens

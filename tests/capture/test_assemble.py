@@ -1,0 +1,184 @@
+"""Assembly of the tapped upstream bytes: ids per choice checked against an independent parse of real captures,
+batch decoding equal to event-by-event decoding, and how a stream's ending is read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from array import array
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agl_lite.capture import assemble
+from agl_lite.capture.assemble import Assembly, Collector
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu"
+STREAMS = sorted(FIXTURES.glob("*.sse"))
+BODIES = sorted(p for p in FIXTURES.glob("c*.json"))
+
+
+def independent(path: Path) -> dict[str, Any]:
+    """Ids, prompt ids and logprobs per choice, read with the stdlib json from the raw capture."""
+    raw = path.read_bytes()
+    if path.suffix == ".json":
+        objs = [json.loads(raw)]
+    else:
+        objs = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith(b"data: {")]
+    ids: dict[int, list[int]] = {}
+    lps: dict[int, list[float]] = {}
+    prompt = None
+    for obj in objs:
+        prompt = prompt or obj.get("prompt_token_ids")
+        for c in obj["choices"]:
+            ids.setdefault(c["index"], []).extend(c.get("token_ids") or [])
+            prompt = prompt or c.get("prompt_token_ids")
+            lp = c.get("logprobs")
+            if lp:
+                values = [e["logprob"] for e in lp["content"]] if "content" in lp else lp["token_logprobs"]
+                lps.setdefault(c["index"], []).extend(values)
+    return {"ids": ids, "prompt": prompt, "logprobs": lps}
+
+
+def collect(path: Path, chunk: int = 61) -> Assembly:
+    raw = path.read_bytes()
+    c = Collector(stream=path.suffix == ".sse", chat=path.name.startswith("chat"))
+    for i in range(0, len(raw), chunk):
+        c.feed(raw[i : i + chunk])
+    return c.finish()
+
+
+@pytest.mark.parametrize("path", STREAMS + BODIES, ids=lambda p: p.name)
+def test_ids_per_choice_equal_an_independent_parse(path: Path) -> None:
+    asm, want = collect(path), independent(path)
+    choices = asm.choices()
+    assert {c.index: c.token_ids.tolist() for c in choices} == want["ids"]
+    prompt = asm.prompt_token_ids()
+    assert (None if prompt is None else prompt.tolist()) == (want["prompt"] or None)
+    assert all(isinstance(c.token_ids, array) and c.token_ids.typecode == "I" for c in choices)
+
+
+@pytest.mark.parametrize("path", [p for p in STREAMS + BODIES if "logprobs" in p.name], ids=lambda p: p.name)
+def test_logprobs_per_choice_equal_an_independent_parse(path: Path) -> None:
+    want = independent(path)["logprobs"]
+    got = {c.index: c.logprobs for c in collect(path).choices()}
+    assert set(got) == set(want)
+    for i, values in want.items():
+        lp = got[i]
+        assert lp is not None
+        assert lp.tolist() == pytest.approx(values, rel=1e-6)
+
+
+def test_streamed_tool_call_is_joined_per_tool_index() -> None:
+    (choice,) = collect(FIXTURES / "chat-stream-forced-tool-ids.sse").choices()
+    (call,) = choice.tool_calls
+    assert call["id"].startswith("chatcmpl-tool-")
+    assert call["function"]["name"] == "add"
+    assert call["function"]["arguments"] == '[\n  ["gettu", "sume"],\n  ["yen'
+    assert choice.text is None
+    assert choice.finish_reason == "length"
+
+
+def test_n2_stream_keeps_both_choices_text_and_finish_reasons() -> None:
+    asm = collect(FIXTURES / "chat-stream-n2-ids-logprobs-usage.sse")
+    assert [(c.index, c.text, c.finish_reason) for c in asm.choices()] == [
+        (0, "The number we want is ", "length"),
+        (1, "2+3 = Standard System", "length"),
+    ]
+    assert asm.usage == {"prompt_tokens": 42, "total_tokens": 54, "completion_tokens": 12}
+    assert asm.completion_ids_count() == 12
+
+
+def test_stream_with_done_is_done_and_one_without_is_not() -> None:
+    raw = (FIXTURES / "chat-stream-plain.sse").read_bytes()
+    whole = Collector(stream=True, chat=True)
+    whole.feed(raw)
+    assert whole.finish().done
+    cut = Collector(stream=True, chat=True)
+    cut.feed(raw[: raw.index(b"data: [DONE]")])
+    asm = cut.finish()
+    assert not asm.done
+    assert asm.choices()[0].text == "The number we want is 2 +"
+
+
+def test_an_unfinished_last_event_is_ignored() -> None:
+    raw = (FIXTURES / "completions-stream-ids.sse").read_bytes()
+    c = Collector(stream=True, chat=False)
+    c.feed(raw[: raw.index(b"data: [DONE]") - 40])
+    assert c.finish().choices()[0].token_ids.tolist() == [216, 35, 27, 33, 45]
+
+
+def test_in_band_error_event_is_reported() -> None:
+    c = Collector(stream=True, chat=True)
+    c.feed(b'data: {"id":"a","choices":[{"index":0,"delta":{"content":"x"},"token_ids":[5]}]}\n\n')
+    c.feed(b'data: {"error":{"message":"boom","type":"InternalServerError","code":500}}\n\ndata: [DONE]\n\n')
+    asm = c.finish()
+    assert asm.error == "InternalServerError: boom"
+    assert asm.choices()[0].token_ids.tolist() == [5]
+
+
+def test_crlf_and_multiline_data_are_parsed_exactly() -> None:
+    c = Collector(stream=True, chat=True)
+    c.feed(
+        b'data: {"id":"a","choices":[{"index":0,\r\ndata: "token_ids":[5,6]}]}\r\n\r\ndata: [DONE]\r\n\r\n'
+    )
+    asm = c.finish()
+    assert asm.done
+    assert asm.choices()[0].token_ids.tolist() == [5, 6]
+
+
+def test_done_without_its_blank_line_still_ends_the_stream() -> None:
+    c = Collector(stream=True, chat=True)
+    c.feed(b'data: {"id":"a","choices":[{"index":0,"token_ids":[5]}]}\n\ndata: [DONE]\n')
+    assert c.finish().done
+
+
+def test_body_that_is_not_json_is_an_error() -> None:
+    c = Collector(stream=False, chat=True)
+    c.feed(b'{"id": "a", "choi')
+    asm = c.finish()
+    assert asm.error is not None
+    assert not asm.done
+
+
+@settings(max_examples=40, deadline=None)
+@given(path=st.sampled_from(STREAMS), limit=st.integers(min_value=1, max_value=4000), data=st.data())
+def test_batch_decoding_at_any_size_equals_decoding_at_the_end(
+    path: Path, limit: int, data: st.DataObject
+) -> None:
+    raw = path.read_bytes()
+    cuts = data.draw(st.lists(st.integers(min_value=0, max_value=len(raw)), max_size=30))
+    points = sorted({0, len(raw), *cuts})
+    chat = path.name.startswith("chat")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(assemble, "COMPACT_BYTES", limit)  # tiny: decodes many batches on the way
+        small = Collector(stream=True, chat=chat)
+        for a, b in itertools.pairwise(points):
+            small.feed(raw[a:b])
+    whole = Collector(stream=True, chat=chat)
+    whole.feed(raw)
+    got, want = small.finish(), whole.finish()
+    assert got.choices() == want.choices()
+    assert (got.usage, got.done, got.response_id, got.prompt_token_ids()) == (
+        want.usage,
+        want.done,
+        want.response_id,
+        want.prompt_token_ids(),
+    )
+
+
+def test_a_long_stream_keeps_only_a_bounded_tail_of_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(assemble, "COMPACT_BYTES", 4096)
+    event = b'data: {"id":"a","choices":[{"index":0,"delta":{"content":"x"},"token_ids":[7]}]}\n\n'
+    c = Collector(stream=True, chat=True)
+    for _ in range(2000):
+        c.feed(event)
+        assert c._size < 4096 + len(event)
+    c.feed(b"data: [DONE]\n\n")
+    asm = c.finish()
+    assert asm.done
+    assert asm.choices()[0].token_ids.tolist() == [7] * 2000
