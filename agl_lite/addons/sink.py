@@ -7,14 +7,16 @@ across flows by the store's group commit; its queue is bounded.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Literal
 
 import structlog
+from prometheus_client import Gauge, Histogram
 
 from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.flow import Flow
-from agl_lite.core.services import LoadContext
+from agl_lite.core.services import METRICS_REGISTRY, LoadContext
 from agl_lite.errors import HttpError
 from agl_lite.store.base import STORE, Store
 from agl_lite.store.records import LLMCall
@@ -42,6 +44,19 @@ class Sink:
     def configure(self, config: GatewayConfig, options: Sink.Options | None) -> None:
         self.options = options or Sink.Options()
         self.store: Store = self._ctx.services.require(STORE, by="sink")
+        self._latency: Histogram | None = None
+        registry = self._ctx.services.get(METRICS_REGISTRY)
+        if registry is not None:
+            queue = Gauge(
+                "agl_store_write_queue_depth", "Writes waiting for the store's writer.", registry=registry
+            )
+            queue.set_function(lambda: float(getattr(self.store, "queue_depth", 0)))
+            self._latency = Histogram(
+                "agl_sink_commit_seconds",
+                "Time to commit one captured call (the end of the response waits for it).",
+                buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+                registry=registry,
+            )
 
     async def response_end(self, flow: Flow) -> None:
         await self._commit(flow)
@@ -59,9 +74,12 @@ class Sink:
             await self._write(record)
 
     async def _write(self, record: LLMCall) -> None:
+        start = time.perf_counter()
         try:
             await self.store.add_call(record)
             self.committed += 1
+            if self._latency is not None:
+                self._latency.observe(time.perf_counter() - start)
         except HttpError as exc:
             self.failed += 1
             log.error(

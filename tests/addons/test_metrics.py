@@ -14,11 +14,11 @@ from prometheus_client import REGISTRY, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
 from agl_lite.addons.control import Control
-from agl_lite.addons.metrics import METRICS_REGISTRY, Metrics
+from agl_lite.addons.metrics import Metrics
 from agl_lite.addons.route import Route
 from agl_lite.core.config import GatewayConfig
 from agl_lite.core.flow import Flow, Response, json_response
-from agl_lite.core.services import LoadContext
+from agl_lite.core.services import METRICS_REGISTRY, LoadContext
 from agl_lite.errors import UpstreamTimeout
 from agl_lite.testing import MockVLLM, running_mock
 from agl_lite.testing.flows import make_flow
@@ -192,3 +192,28 @@ async def test_metrics_endpoint_counts_requests_through_the_gateway(gateway_url_
     assert samples[("agl_requests_total", ok)] == 2
     assert samples[("agl_llm_in_flight", ())] == 0
     assert samples[("agl_gateway_held_requests", ())] == 0  # published by Control through the shared registry
+
+
+async def test_sink_publishes_queue_depth_and_commit_latency(gateway_factory: GatewayFactory) -> None:
+    from agl_lite.core.config import DEFAULT_CHAIN
+
+    async with (
+        running_mock(MockVLLM()) as url,
+        gateway_factory(
+            {"smollm2": [url]}, chain=DEFAULT_CHAIN, addons={"store": {"backend": "memory"}}
+        ) as gw,
+        aiohttp.ClientSession() as s,
+    ):
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        async with s.post(
+            gateway_url(gw) + "/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        ) as r:
+            assert r.status == 200
+        async with s.get(gateway_url(gw) + "/metrics") as r:
+            text = await r.text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert "agl_store_write_queue_depth" in families
+    (count,) = [s.value for s in families["agl_sink_commit_seconds"].samples if s.name.endswith("_count")]
+    assert count == 1
