@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 import orjson
@@ -25,6 +25,8 @@ from agl_lite.store.base import STORE, RolloutFilter, Store
 from agl_lite.store.records import RolloutStatus
 
 __all__ = ["ROUTES", "StoreApi"]
+
+N = TypeVar("N", int, float)
 
 A, AG, GR, PUB = Scope.ADMIN, Scope.AGENT, Scope.GRADER, Scope.PUBLIC
 R = "/api/rollouts/{rollout_id}"
@@ -108,30 +110,28 @@ def _query(flow: Flow) -> dict[str, str]:
     return {k: v[-1] for k, v in parse_qs(flow.request.query_string).items()}
 
 
-def _int(q: dict[str, str], name: str, default: int, lo: int, hi: int) -> int:
+def _number(q: dict[str, str], name: str, default: N, lo: N, hi: N, kind: Callable[[str], N]) -> N:
+    """A query parameter as `kind` (int or float) within [lo, hi]; 400 naming it otherwise."""
     raw = q.get(name)
     if raw is None:
         return default
     try:
-        value = int(raw)
+        value = kind(raw)
     except ValueError:
-        raise BadRequest(f"query parameter {name!r} must be an integer") from None
+        raise BadRequest(
+            f"query parameter {name!r} must be {'an integer' if kind is int else 'a number'}"
+        ) from None
     if not lo <= value <= hi:
         raise BadRequest(f"query parameter {name!r} must be between {lo} and {hi}")
     return value
+
+
+def _int(q: dict[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    return _number(q, name, default, lo, hi, int)
 
 
 def _float(q: dict[str, str], name: str, default: float, lo: float, hi: float) -> float:
-    raw = q.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise BadRequest(f"query parameter {name!r} must be a number") from None
-    if not lo <= value <= hi:
-        raise BadRequest(f"query parameter {name!r} must be between {lo} and {hi}")
-    return value
+    return _number(q, name, default, lo, hi, float)
 
 
 Handler = Callable[[Flow], Awaitable[Response]]
