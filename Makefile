@@ -7,12 +7,13 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: help venv lint typecheck test test-fast run bench-gateway docs clean
+.PHONY: help venv lint typecheck test test-fast run bench-gateway bench-store docs clean
 
 help:
 	@echo "make test           lint, types, layering and the whole test suite (creates $(VENV))"
 	@echo "make run            the gateway on :8100 in front of the mock vLLM on :8000"
 	@echo "make bench-gateway  side-by-side gateway benchmark (needs 'hey': apt-get install hey)"
+	@echo "make bench-store    store figures on SQLite and memory, side by side, and the gateway with full capture"
 	@echo "make docs           regenerate the generated parts of docs/"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -48,6 +49,10 @@ run: $(STAMP)
 bench-gateway: $(STAMP)
 	@command -v hey >/dev/null || { echo "bench-gateway needs 'hey' (apt-get install hey)"; exit 2; }
 	$(BIN)/python bench/gateway.py --markdown
+
+bench-store: $(STAMP)
+	@command -v hey >/dev/null || { echo "bench-store needs 'hey' (apt-get install hey)"; exit 2; }
+	$(BIN)/python bench/store.py --markdown
 
 docs: $(STAMP)
 	$(BIN)/python scripts/gen_docs.py

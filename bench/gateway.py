@@ -12,6 +12,7 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -19,6 +20,7 @@ from loadgen import HEY_MISSING, Cell, hey_path, run_hey
 from procs import BenchError, Children, Placement
 from report import CONCURRENCY, Cells, build_rows, machine, markdown_table, text_table, verdict
 from servers import (
+    DEFAULT_CHAIN,
     LITELLM_SKIP,
     MODES,
     STREAM_EVENTS,
@@ -53,7 +55,7 @@ def measure(hey: str, target: Target, mode: str, concurrency: int, seconds: floa
 # --- the run ---------------------------------------------------------------------------------------------------
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="~1.5 s per cell, one round (a smoke run, noisy).")
     p.add_argument(
@@ -82,7 +84,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--keep-logs", action="store_true", help="Keep the servers' logs and configs; print where."
     )
-    return p.parse_args()
+    p.add_argument(
+        "--chain",
+        default=",".join(DEFAULT_CHAIN),
+        help=f"agl-lite's addon chain, comma-separated (default {','.join(DEFAULT_CHAIN)}); with `store` in "
+        "it, the default SQLite store in the temp dir (e.g. the full capture chain "
+        "store,auth,store_api,control,metrics,route,capture,tokens,sink).",
+    )
+    return p.parse_args(argv)
 
 
 def log(msg: str) -> None:
@@ -94,6 +103,7 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
     rounds = max(1, args.rounds or (1 if args.quick else 4))
     warmup = 0.5 if args.quick else 1.0
     cpus = Placement.choose(pin=not args.no_pin)
+    chain = tuple(name.strip() for name in args.chain.split(",") if name.strip())
     info = machine()
     with Children(tmp) as children:
         log(f"starting the upstream, the bare relay and agl-lite ({cpus.describe()}) ...")
@@ -102,7 +112,7 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
         targets = [
             direct,
             start_relay(children, base, cpus.server),
-            start_agl_lite(children, base, tmp, cpus.server),
+            start_agl_lite(children, base, tmp, cpus.server, chain),
         ]
         litellm = start_litellm(children, base, tmp, cpus.server)
         if litellm is not None:
@@ -128,7 +138,7 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
         lines, valid = verdict(cells, litellm is not None)
         setup = (
             f"{seconds:g} s per cell in {rounds} interleaved round(s); hey -cpus 1; {cpus.describe()}; "
-            f"upstream stream in {args.stream_writes} writes; agl-lite chain auth, route"
+            f"upstream stream in {args.stream_writes} writes; agl-lite chain {', '.join(chain)}"
         )
         notes = [
             f"{info['nproc']} CPUs: absolute figures are low and noisy on such a box; compare within this run only "

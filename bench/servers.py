@@ -13,12 +13,14 @@ import secrets
 import shutil
 import sys
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from procs import BenchError, Children, free_port
 
 __all__ = [
+    "DEFAULT_CHAIN",
     "LITELLM_SKIP",
     "MODES",
     "STREAM_EVENTS",
@@ -88,7 +90,17 @@ def agl_lite_argv() -> list[str]:
     return [found] if found else [PY, "-c", "from agl_lite.cli import main; main()"]
 
 
-def start_agl_lite(children: Children, upstream_base: str, tmp: Path, cpus: frozenset[int] | None) -> Target:
+DEFAULT_CHAIN = ("auth", "route")
+
+
+def start_agl_lite(
+    children: Children,
+    upstream_base: str,
+    tmp: Path,
+    cpus: frozenset[int] | None,
+    chain: Sequence[str] = DEFAULT_CHAIN,
+) -> Target:
+    """agl-lite with `chain`; with `store` in it, the default SQLite store (and durability) in `tmp`."""
     port = free_port()
     key = os.environ.get("AGL_KEY") or secrets.token_hex(32)
     if len(key) < 16:
@@ -99,7 +111,8 @@ def start_agl_lite(children: Children, upstream_base: str, tmp: Path, cpus: froz
     )
     (tmp / "agl-lite.toml").write_text(
         f'routes = "routes.toml"\n\n[server]\nhost = "127.0.0.1"\nport = {port}\n\n'
-        '[log]\nlevel = "info"\n\n[addons]\nchain = ["auth", "route"]\n'
+        f'[log]\nlevel = "info"\n\n[addons]\nchain = {json.dumps(list(chain))}\n'
+        + ('\n[addons.store]\npath = "bench-store.db"\n' if "store" in chain else "")
     )
     children.spawn(
         "agl-lite",

@@ -54,7 +54,7 @@ class Tokens:
         self.store = self._ctx.services.get(STORE)
 
     async def used(self, rollout_id: str) -> int:
-        """Tokens a rollout's calls used so far."""
+        """Tokens a rollout's calls used so far (read from the store the first time, then kept up to date)."""
         if rollout_id not in self._rollouts:
             total = 0
             if self.store is not None:

@@ -197,15 +197,17 @@ class Gateway:
             is_event_stream=ctype.startswith("text/event-stream"),
         )
         await self.addons.response_headers(flow)
-        out = web.StreamResponse(status=response.status, headers=response.headers)
+        out = _RelayResponse(status=response.status, headers=response.headers)
         if response.is_event_stream:
             out.headers["Cache-Control"] = "no-cache"
             out.headers["X-Accel-Buffering"] = "no"
         taps, transforms = response.taps, response.transforms
         ended = False
         try:
-            await out.prepare(request)
-            pending: bytes | None = None  # plain bodies: the last chunk waits for response_end
+            await out.prepare(request)  # the headers go out with the first bytes: one send, not two
+            # Held back: a plain body's last read (until response_end), and a stream's bytes from `data: [DONE]`
+            # on (after response_end, until the upstream's end), so that they leave with the end of the body.
+            pending: bytes | None = None
             done = DoneDetector()
             async for chunk in up.content.iter_any():
                 if flow.t_first_byte is None:
@@ -216,14 +218,18 @@ class Gateway:
                     for t in transforms:
                         chunk = t(chunk)
                 if response.is_event_stream:
+                    if ended:  # after [DONE]: nothing but the end of the stream
+                        pending = (pending or b"") + chunk
+                        continue
                     cut = done.feed(chunk)
                     if cut >= 0:
                         if cut:
+                            flow.bytes_to_client += cut
                             await out.write(chunk[:cut])
                         ended = True
                         await self.addons.response_end(flow)
-                        chunk = chunk[cut:]
-                    if chunk:
+                        pending = chunk[cut:]
+                    elif chunk:
                         flow.bytes_to_client += len(chunk)
                         await out.write(chunk)
                 else:
@@ -237,10 +243,8 @@ class Gateway:
                 await self.addons.response_end(flow)
             if pending:
                 final = pending + final
-            if final:
-                flow.bytes_to_client += len(final)
-                await out.write(final)
-            await out.write_eof()
+            flow.bytes_to_client += len(final)
+            await out.write_eof(final)  # the last bytes and the end of the body in one send
             return out
         except asyncio.CancelledError:
             # aiohttp cancels the handler when the client goes away (handler_cancellation=True): drop the upstream
@@ -290,6 +294,12 @@ async def _write_quietly(out: web.StreamResponse, data: bytes) -> None:
 async def _write_eof_quietly(out: web.StreamResponse) -> None:
     with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
         await out.write_eof()
+
+
+class _RelayResponse(web.StreamResponse):
+    """A streamed response whose headers leave with its first bytes (aiohttp sends them at once by default)."""
+
+    _send_headers_immediately = False
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -78,7 +78,9 @@ MIGRATIONS: list[str] = [
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
-_COMPRESS_OVER = 512  # bytes; smaller bodies are stored as plain JSON
+_COMPRESS_OVER = (
+    8192  # bytes; smaller bodies are stored as plain JSON (compressing them costs more than it saves)
+)
 
 
 def _dump(obj: Any) -> bytes:
@@ -427,39 +429,63 @@ class SQLiteStore(Store):
             self._commit_batch(repo, batch)
 
     def _commit_batch(self, repo: SQLiteRepo, batch: list[_Item]) -> None:
-        results: list[tuple[asyncio.Future[Any], asyncio.AbstractEventLoop, Any, BaseException | None]] = []
-        added: list[tuple[str, int, array[int]]] = []
-        conn = self._conn
+        """Run a batch in one transaction. The store's rules raise an HttpError only before an operation's first
+        write (they validate first), so a rejected operation leaves nothing to undo and needs no savepoint. Any
+        other failure rolls the batch back and runs its operations again one transaction each, so only the
+        failing one fails."""
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            for fn, fut, loop in batch:
-                conn.execute("SAVEPOINT op")
-                try:
-                    value = fn(repo)
-                except Exception as exc:
-                    conn.execute("ROLLBACK TO op")
-                    conn.execute("RELEASE op")
-                    repo.end_op(False)
-                    results.append((fut, loop, None, exc if isinstance(exc, HttpError) else _internal(exc)))
-                    continue
-                conn.execute("RELEASE op")
-                added += repo.end_op(True)
-                results.append((fut, loop, value, None))
-            conn.execute("COMMIT")
+            results, added = self._run_batch(repo, batch)
         except sqlite3.Error as exc:
-            log.error("store commit failed", error=repr(exc))
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            repo.end_op(False)
-            failure = InternalError("the store could not commit the write")
-            results = [(fut, loop, None, failure) for fut, loop in ((f, lp) for _, f, lp in batch)]
-            added = []
+            log.warning(
+                "store batch failed; retrying its writes one by one", error=repr(exc), size=len(batch)
+            )
+            results, added = [], []
+            for item in batch:
+                try:
+                    one, one_added = self._run_batch(repo, [item])
+                except sqlite3.Error as exc_one:
+                    log.error("store commit failed", error=repr(exc_one))
+                    one = [(item[1], item[2], None, InternalError("the store could not commit the write"))]
+                    one_added = []
+                results += one
+                added += one_added
         self.commits += 1
         self.ops += len(batch)
         for scope, seq_id, ids in added:
             self._index.add(scope, seq_id, ids)
         for fut, loop, value, error in results:
             loop.call_soon_threadsafe(_settle, fut, value, error)
+
+    def _run_batch(
+        self, repo: SQLiteRepo, batch: list[_Item]
+    ) -> tuple[
+        list[tuple[asyncio.Future[Any], asyncio.AbstractEventLoop, Any, BaseException | None]], list[Any]
+    ]:
+        results: list[tuple[asyncio.Future[Any], asyncio.AbstractEventLoop, Any, BaseException | None]] = []
+        added: list[tuple[str, int, array[int]]] = []
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for fn, fut, loop in batch:
+                try:
+                    value = fn(repo)
+                except HttpError as exc:
+                    repo.end_op(False)
+                    results.append((fut, loop, None, exc))
+                    continue
+                except sqlite3.Error:
+                    raise
+                except Exception as exc:  # a bug: its partial writes must not be committed with the batch
+                    raise sqlite3.OperationalError(f"operation failed: {exc!r}") from exc
+                added += repo.end_op(True)
+                results.append((fut, loop, value, None))
+            conn.execute("COMMIT")
+        except BaseException:
+            repo.end_op(False)
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return results, added
 
     async def close(self) -> None:
         if self._writer is not None:
@@ -475,11 +501,6 @@ class SQLiteStore(Store):
             return repo.token_bytes()
         finally:
             repo.conn.close()
-
-
-def _internal(exc: Exception) -> HttpError:
-    log.error("store operation failed", error=repr(exc), exc_info=exc)
-    return InternalError("internal error in the store")
 
 
 def _settle(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:

@@ -67,11 +67,18 @@ async def setup(gateway_factory: GatewayFactory) -> AsyncIterator[Setup]:
 async def test_usage_is_counted_per_rollout_and_model(setup: Setup) -> None:
     await setup.store.enqueue([RolloutSpec(input=1, id="r1")])
     await setup.store.claim("t", 1)
-    done = await setup.agent("r1").chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=5)  # type: ignore[arg-type]
+    agent = setup.agent("r1")
+    done = await agent.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=5)  # type: ignore[arg-type]
     assert done.usage is not None
     assert await setup.tokens.used("r1") == done.usage.total_tokens
-    assert setup.tokens.by_model[("smollm2", "completion")] == done.usage.completion_tokens
-    assert setup.tokens.by_role["agent"] == done.usage.total_tokens
+    again = await agent.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=5)  # type: ignore[arg-type]
+    assert again.usage is not None
+    assert await setup.tokens.used("r1") == done.usage.total_tokens + again.usage.total_tokens
+    assert (
+        setup.tokens.by_model[("smollm2", "completion")]
+        == done.usage.completion_tokens + again.usage.completion_tokens
+    )
+    assert setup.tokens.by_role["agent"] == done.usage.total_tokens + again.usage.total_tokens
 
 
 async def test_spent_budget_gets_429_before_the_upstream(setup: Setup) -> None:
