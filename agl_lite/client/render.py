@@ -1,0 +1,133 @@
+"""How the CLI shows records: rich tables for people, JSON for scripts. Formatting only, no I/O but printing."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from agl_lite.client.results import GatewayState
+from agl_lite.store.records import Attempt, Event, ModelRecord, Rollout
+
+__all__ = [
+    "attempts_table",
+    "event_line",
+    "events_table",
+    "models_table",
+    "print_json",
+    "rollout_table",
+    "rollouts_table",
+    "state_table",
+    "stdout",
+]
+
+
+def print_json(obj: Any) -> None:
+    """One JSON document on stdout (for `--json`)."""
+    print(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode())
+
+
+def _when(ts: float | None) -> str:
+    return "" if not ts else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = value if isinstance(value, str) else orjson.dumps(value).decode()
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _table(*columns: str, title: str | None = None) -> Table:
+    table = Table(*columns, title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for column in table.columns:
+        column.overflow = "fold"
+    return table
+
+
+def rollouts_table(rollouts: Sequence[Rollout]) -> Table:
+    table = _table("id", "status", "mode", "group", "reward", "attempts", "created")
+    for r in rollouts:
+        table.add_row(
+            r.id,
+            r.status.value,
+            r.mode,
+            r.group_id or "",
+            "" if r.reward is None else f"{r.reward:g}",
+            str(r.attempt_count),
+            _when(r.created_at),
+        )
+    return table
+
+
+def rollout_table(r: Rollout) -> Table:
+    table = _table("field", "value", title=f"rollout {r.id}")
+    for name, value in (
+        ("status", r.status.value),
+        ("mode", r.mode),
+        ("group", r.group_id or ""),
+        ("reward", "" if r.reward is None else f"{r.reward:g}"),
+        ("input", _short(r.input)),
+        ("metadata", _short(r.metadata)),
+        ("config", _short(dataclasses.asdict(r.config))),
+        ("created", _when(r.created_at)),
+        ("started", _when(r.started_at)),
+        ("ended", _when(r.ended_at)),
+        ("message", r.message or ""),
+        ("completion cursor", "" if r.completion_seq is None else str(r.completion_seq)),
+    ):
+        table.add_row(name, value)
+    return table
+
+
+def attempts_table(attempts: Sequence[Attempt]) -> Table:
+    table = _table("attempt", "seq", "status", "exit", "started", "ended", "message", title="attempts")
+    for a in attempts:
+        table.add_row(
+            a.id,
+            str(a.seq),
+            a.status.value,
+            "" if a.exit_code is None else str(a.exit_code),
+            _when(a.started_at),
+            _when(a.ended_at),
+            _short(a.message or "", 40),
+        )
+    return table
+
+
+def events_table(events: Sequence[Event]) -> Table:
+    table = _table("seq", "kind", "source", "attempt", "data", "at")
+    for e in events:
+        table.add_row(str(e.seq), e.kind, e.source, e.attempt_id or "", _short(e.data), _when(e.created_at))
+    return table
+
+
+def event_line(e: Event) -> str:
+    return f"{e.seq:>5}  {_when(e.created_at)}  {e.kind:<12} {e.source:<7} {_short(e.data, 100)}"
+
+
+def models_table(models: Sequence[ModelRecord]) -> Table:
+    table = _table("model", "version", "endpoints", "updated")
+    for m in models:
+        table.add_row(m.name, m.version, ", ".join(m.endpoints), _when(m.updated_at))
+    return table
+
+
+def state_table(state: GatewayState) -> Table:
+    table = _table("field", "value", title="gateway")
+    table.add_row("paused", "yes" if state.paused else "no")
+    if state.paused:
+        table.add_row("mode", state.mode or "")
+        table.add_row("hold timeout (s)", "" if state.hold_timeout_s is None else f"{state.hold_timeout_s:g}")
+        table.add_row("paused since", _when(state.paused_since))
+    table.add_row("in flight", str(state.in_flight))
+    table.add_row("held", str(state.held))
+    return table
+
+
+def stdout() -> Console:
+    """A console on the current stdout (made per command: test runners swap stdout)."""
+    return Console(soft_wrap=False, highlight=False)
