@@ -1,19 +1,30 @@
-"""What examples/ promises, run for real."""
+"""What examples/ and the docs' runnable sketches promise, run for real."""
 
 from __future__ import annotations
 
+import ast
+import asyncio
 import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 from typer.testing import CliRunner
 
 from agl_lite.cli import app
+from agl_lite.client import AglLiteClient
+from agl_lite.core.config import DEFAULT_CHAIN
 from agl_lite.service import running_gateway
-from agl_lite.testing import MockVLLM, running_mock
+from agl_lite.store.base import Store
+from agl_lite.store.records import AttemptStatus, Rollout, RolloutStatus
+from agl_lite.testing import MockVLLM, Scenario, running_mock
 from agl_lite.testing.gateway import write_config
-from tests.conftest import ADMIN_KEY, gateway_url
+from tests.client.conftest import FAST, sqlite_options, store_of
+from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -53,3 +64,96 @@ async def test_custom_addon_writes_one_line_per_llm_call(tmp_path: Path) -> None
     assert [(line["model"], line["status"]) for line in lines] == [("gpt-4.1", 200), ("gpt-4.1", 200)]
     assert lines[0]["stream_events"] is None
     assert lines[1]["stream_events"] == len(chunks) + 1  # every chunk the SDK saw, plus [DONE]
+
+
+# --- docs/client.md: the training-loop sketch ---------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "client.md"
+
+
+def sketch() -> str:
+    """The fenced Python block after the `tested:` marker."""
+    found = re.search(
+        r"<!-- tested: tests/test_examples.py -->\n```python\n(.*?)\n```", DOC.read_text(), re.S
+    )
+    assert found, "docs/client.md lost its tested training-loop sketch"
+    return found.group(1)
+
+
+def answer(request: dict[str, Any]) -> Scenario:
+    """The mock model knows 2+3 and nothing else: half the groups earn reward 1."""
+    question = request["messages"][0]["content"]
+    return Scenario(content="The answer is 5." if "2+3" in question else "I do not know.")
+
+
+async def agent(env: dict[str, str]) -> None:
+    task = json.loads(env["AGL_TASK_INPUT"])
+    async with openai.AsyncOpenAI(
+        base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0
+    ) as llm:
+        messages: list[Any] = [{"role": "user", "content": task["question"]}]
+        first = await llm.chat.completions.create(model="smollm2", messages=messages, max_tokens=8)
+        messages += [{"role": "assistant", "content": first.choices[0].message.content}]
+        messages += [{"role": "user", "content": "So, your final answer?"}]
+        await llm.chat.completions.create(model="smollm2", messages=messages, max_tokens=8)
+
+
+async def run_one(client: AglLiteClient, rollout: Rollout) -> None:
+    attempt = await client.start_attempt(rollout.id)
+    await agent(attempt.env)
+    await client.update_attempt(rollout.id, attempt.id, AttemptStatus.SUCCEEDED, exit_code=0)
+    await client.finish(rollout.id, RolloutStatus.SUCCEEDED)
+
+
+async def runner(client: AglLiteClient, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        claimed = await client.claim("docs-runner", 100)
+        if claimed:
+            await asyncio.gather(*(run_one(client, r) for r in claimed))
+        else:
+            await asyncio.sleep(0.01)  # a runner's poll interval, not a synchronisation
+
+
+@dataclass
+class Setup:
+    url: str
+    store: Store
+
+
+@pytest.fixture
+async def setup(gateway_factory: GatewayFactory, tmp_path: Path) -> AsyncIterator[Setup]:
+    async with (
+        running_mock(MockVLLM(("smollm2",), hook=answer)) as upstream,
+        gateway_factory(
+            {"smollm2": [upstream]},
+            chain=tuple(n for n in DEFAULT_CHAIN if n != "metrics"),
+            addons=sqlite_options(tmp_path / "s.db"),
+        ) as gw,
+    ):
+        yield Setup(gateway_url(gw), store_of(gw))
+
+
+async def test_the_training_loop_sketch_runs(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    namespace: dict[str, Any] = {"__name__": "docs_client_sketch"}
+    exec(compile(sketch(), str(DOC), "exec"), namespace)
+    monkeypatch.setenv("AGL_URL", setup.url)
+    stop = asyncio.Event()
+    async with AglLiteClient(setup.url, ADMIN_KEY, retry=FAST) as client:
+        agents = asyncio.ensure_future(runner(client, stop))
+        try:
+            await asyncio.wait_for(namespace["main"](), 60)
+        finally:
+            stop.set()
+            await agents
+        assert ast.literal_eval(capsys.readouterr().out.strip()) == [0.5, 0.5]
+        rollouts = [r async for r in client.iter_rollouts()]
+        assert len(rollouts) == 2 * 2 * 4
+        assert sorted({r.reward for r in rollouts}) == [0.0, 1.0]
+        assert [(m.name, m.version) for m in await client.models()] == [("smollm2", "step-2")]
+        assert not (await client.gateway_state()).paused
+    calls = await setup.store.calls(rollouts[0].id)
+    assert len(calls) == 2
+    assert calls[1].prompt_token_ids is not None
+    assert len(calls[1].choices[0].token_ids) > 0

@@ -31,7 +31,8 @@ TURNS = 10
 PROMPT = 3400
 COMPLETION = 50
 OBSERVATION = 10
-SMALL, BIG = 50, 500  # rollouts: 500 and 5,000 records
+# rollouts: 500 and 5,000 records in CI; AGL_EXPORT_MEMORY_ROLLOUTS=1000,10000 runs the full 10k vs 100k
+SMALL, BIG = (int(n) for n in os.environ.get("AGL_EXPORT_MEMORY_ROLLOUTS", "50,500").split(","))
 POOL = array("I", ((i * 2654435761) % 50021 for i in range(PROMPT + 4 * TURNS * (COMPLETION + OBSERVATION))))
 
 pytestmark = pytest.mark.slow
