@@ -8,16 +8,12 @@ comparable within one run: the figures that matter are ratios (vs the relay) and
 from __future__ import annotations
 
 import argparse
-import shutil
-import signal
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from loadgen import HEY_MISSING, Cell, hey_path, run_hey
-from procs import BenchError, Children, Placement
+from procs import Children, Placement, bench_main
 from report import CONCURRENCY, Cells, build_rows, machine, markdown_table, text_table, verdict
 from servers import (
     DEFAULT_CHAIN,
@@ -191,33 +187,8 @@ def profile(hey: str, target: Target, tmp: Path, seconds: float, cpus: Placement
         print("\n".join(summarise(out)))
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main() -> int:
-    args = parse_args()
-    hey = hey_path()
-    if hey is None:
-        print(f"gateway bench: {HEY_MISSING}", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
-    signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGHUP, _terminate)
-    tmp = Path(tempfile.mkdtemp(prefix="agl-bench-"))
-    try:
-        return run(args, hey, tmp)
-    except BenchError as exc:
-        print(f"gateway bench: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("gateway bench: interrupted; servers stopped", file=sys.stderr)
-        return 130
-    finally:
-        if args.keep_logs:
-            log(f"logs and configs kept in {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    return bench_main("gateway bench", run, parse_args(), hey_path(), HEY_MISSING, "agl-bench-")
 
 
 if __name__ == "__main__":

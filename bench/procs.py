@@ -6,17 +6,22 @@ Readiness is polled (bounded), never slept for. `Children.stop_all()` terminates
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 __all__ = ["BenchError", "Children", "Placement", "free_port", "http_get", "pinned"]
 
@@ -177,3 +182,39 @@ class Children:
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)  # the group id is the child's pid: start_new_session=True
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def bench_main(
+    name: str,
+    run: Callable[[argparse.Namespace, str, Path], int],
+    args: argparse.Namespace,
+    hey: str | None,
+    missing: str,
+    tmp_prefix: str,
+) -> int:
+    """A bench's process frame: hey present, every child stopped on any exit (Ctrl-C, SIGTERM, SIGHUP, errors),
+    the temp dir removed unless --keep-logs; returns the exit status."""
+    if hey is None:
+        print(f"{name}: {missing}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
+    tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix))
+    try:
+        return run(args, hey, tmp)
+    except BenchError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted; servers stopped", file=sys.stderr)
+        return 130
+    finally:
+        if args.keep_logs:
+            print(f"{name}: logs and configs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)

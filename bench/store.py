@@ -15,22 +15,18 @@ import json
 import math
 import resource
 import secrets
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 import gateway
 from loadgen import HEY_MISSING, cpu_seconds, hey_path
-from procs import BenchError, Children, Placement, free_port, pinned
+from procs import BenchError, Children, Placement, bench_main, free_port, pinned
 from report import machine
 from servers import agl_lite_argv
 from spy import py_spy_path, record, summarise
@@ -636,33 +632,8 @@ def profile(bench: Bench, backend: str, measures: list[Measure], tmp: Path, seco
         print("\n".join(summarise(out, top=12)))
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main() -> int:
-    args = parse_args()
-    hey = hey_path()
-    if hey is None:
-        print(f"store bench: {HEY_MISSING}", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGHUP, _terminate)
-    tmp = Path(tempfile.mkdtemp(prefix="agl-bench-store-"))
-    try:
-        return run(args, hey, tmp)
-    except BenchError as exc:
-        print(f"store bench: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("store bench: interrupted; servers stopped", file=sys.stderr)
-        return 130
-    finally:
-        if args.keep_logs:
-            log(f"logs, configs and stores kept in {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    return bench_main("store bench", run, parse_args(), hey_path(), HEY_MISSING, "agl-bench-store-")
 
 
 if __name__ == "__main__":
