@@ -58,12 +58,7 @@ def model_from_json(d: dict[str, Any]) -> ModelRecord:
 
 def call_to_json(call: LLMCall) -> dict[str, Any]:
     """Everything but the token ids and logprobs (stored packed, beside)."""
-    out = call.to_json()
-    out.pop("prompt_token_ids")
-    for choice in out["choices"]:
-        choice.pop("token_ids")
-        choice.pop("logprobs")
-    return out
+    return call.to_json(with_ids=False)
 
 
 def call_from_json(

@@ -198,15 +198,17 @@ class ChoiceRecord:
     logprobs: array[float] | None = None
     """One float per completion token when logprobs were requested."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {
+    def to_json(self, *, with_ids: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "index": self.index,
             "text": self.text,
             "tool_calls": self.tool_calls,
             "finish_reason": self.finish_reason,
-            "token_ids": self.token_ids.tolist(),
-            "logprobs": None if self.logprobs is None else self.logprobs.tolist(),
         }
+        if with_ids:
+            out["token_ids"] = self.token_ids.tolist()
+            out["logprobs"] = None if self.logprobs is None else self.logprobs.tolist()
+        return out
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ChoiceRecord) and self.to_json() == other.to_json()
@@ -249,8 +251,9 @@ class LLMCall:
     t_first_byte: float | None = None
     t_end: float | None = None
 
-    def to_json(self, *, with_request: bool = True) -> dict[str, Any]:
-        out = {
+    def to_json(self, *, with_request: bool = True, with_ids: bool = True) -> dict[str, Any]:
+        """The record as JSON-able data; `with_ids=False` leaves out token ids and logprobs (stored packed)."""
+        out: dict[str, Any] = {
             "id": self.id,
             "order_key": self.order_key,
             "outcome": self.outcome.value,
@@ -267,8 +270,7 @@ class LLMCall:
             "client_id": self.client_id,
             "stream": self.stream,
             "sampling": self.sampling,
-            "prompt_token_ids": None if self.prompt_token_ids is None else self.prompt_token_ids.tolist(),
-            "choices": [c.to_json() for c in self.choices],
+            "choices": [c.to_json(with_ids=with_ids) for c in self.choices],
             "usage": self.usage,
             "complete": self.complete,
             "error": self.error,
@@ -276,6 +278,10 @@ class LLMCall:
             "t_first_byte": self.t_first_byte,
             "t_end": self.t_end,
         }
+        if with_ids:
+            out["prompt_token_ids"] = (
+                None if self.prompt_token_ids is None else self.prompt_token_ids.tolist()
+            )
         if with_request:
             out["request"] = self.request
         return out

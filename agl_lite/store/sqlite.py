@@ -227,8 +227,15 @@ class SQLiteRepo:
         )
         for choice in call.choices:
             seq: int | None = None
-            if prompt_seq is not None and prompt is not None:
-                full = array("I", prompt)
+            if prompt_seq is not None and prompt is not None and scope is None:
+                # unattributed: nothing will share this sequence, so only its tail is built
+                cur = self.conn.execute(
+                    "INSERT INTO token_seqs (parent, parent_len, tail) VALUES (?, ?, ?)",
+                    (prompt_seq, len(prompt), pack(choice.token_ids)),
+                )
+                seq = int(cur.lastrowid or 0)
+            elif prompt_seq is not None and prompt is not None:
+                full = array("I", prompt)  # the whole sequence: a later prompt of this attempt may extend it
                 full.extend(choice.token_ids)
                 seq = self._store_seq(scope, full, (prompt_seq, len(prompt)))
             elif choice.token_ids:
@@ -453,8 +460,13 @@ class SQLiteStore(Store):
         self.ops += len(batch)
         for scope, seq_id, ids in added:
             self._index.add(scope, seq_id, ids)
+        by_loop: dict[
+            asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, BaseException | None]]
+        ] = {}
         for fut, loop, value, error in results:
-            loop.call_soon_threadsafe(_settle, fut, value, error)
+            by_loop.setdefault(loop, []).append((fut, value, error))
+        for loop, settled in by_loop.items():  # one hand-off per batch, not one per write
+            loop.call_soon_threadsafe(_settle_all, settled)
 
     def _run_batch(
         self, repo: SQLiteRepo, batch: list[_Item]
@@ -503,10 +515,11 @@ class SQLiteStore(Store):
             repo.conn.close()
 
 
-def _settle(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
-    if fut.cancelled():
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(value)
+def _settle_all(settled: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    for fut, value, error in settled:
+        if fut.cancelled():
+            continue
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(value)
