@@ -51,6 +51,13 @@ class Sink:
                 "agl_store_write_queue_depth", "Writes waiting for the store's writer.", registry=registry
             )
             queue.set_function(lambda: float(getattr(self.store, "queue_depth", 0)))
+            # commits / writes = how well group commit batches (SQLite; the memory store has no commits)
+            commits = Gauge(
+                "agl_store_commits", "Transactions the store's writer committed.", registry=registry
+            )
+            commits.set_function(lambda: float(getattr(self.store, "commits", 0)))
+            writes = Gauge("agl_store_writes", "Writes the store's writer committed.", registry=registry)
+            writes.set_function(lambda: float(getattr(self.store, "ops", 0)))
             self._latency = Histogram(
                 "agl_sink_commit_seconds",
                 "Time to commit one captured call (the end of the response waits for it).",
