@@ -126,9 +126,35 @@ class Rollout:
     """FIFO order of claims."""
 
     def to_json(self, *, with_metadata: bool = True) -> dict[str, Any]:
-        out = asdict(self)
-        if not with_metadata:
-            out.pop("metadata")
+        # by hand, not dataclasses.asdict: asdict deep-copies input and metadata, which showed in the profiles
+        c = self.config
+        out: dict[str, Any] = {
+            "id": self.id,
+            "input": self.input,
+            "mode": self.mode,
+            "status": self.status,
+            "config": {
+                "max_attempts": c.max_attempts,
+                "timeout_s": c.timeout_s,
+                "trust_agent_rewards": c.trust_agent_rewards,
+                "token_budget": c.token_budget,
+                "runner": c.runner,
+                "grader": c.grader,
+            },
+            "group_id": self.group_id,
+            "resources_version": self.resources_version,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "reward": self.reward,
+            "completion_seq": self.completion_seq,
+            "runner_id": self.runner_id,
+            "attempt_count": self.attempt_count,
+            "message": self.message,
+            "enqueue_seq": self.enqueue_seq,
+        }
+        if with_metadata:
+            out["metadata"] = self.metadata
         return out
 
 
@@ -147,7 +173,17 @@ class Attempt:
     """Wall-clock time after which the runner should stop it (started_at + the rollout's timeout_s)."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {
+            "id": self.id,
+            "rollout_id": self.rollout_id,
+            "seq": self.seq,
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "message": self.message,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "deadline": self.deadline,
+        }
 
 
 @dataclass(slots=True)
@@ -163,7 +199,15 @@ class Event:
     created_at: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {
+            "rollout_id": self.rollout_id,
+            "seq": self.seq,
+            "kind": self.kind,
+            "data": self.data,
+            "attempt_id": self.attempt_id,
+            "source": self.source,
+            "created_at": self.created_at,
+        }
 
 
 @dataclass(slots=True)
