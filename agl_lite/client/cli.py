@@ -261,10 +261,7 @@ def rollouts_ls(
             rows.append(rollout)
             if limit and len(rows) >= limit:
                 break
-        if as_json:
-            render.print_json([r.to_json() for r in rows])
-        else:
-            render.stdout().print(render.rollouts_table(rows))
+        render.show(rows, as_json, render.rollouts_table)
 
     _run(ctx, work)
 
@@ -380,10 +377,7 @@ def events_ls(
 
     async def work(client: AglLiteClient) -> None:
         events = await client.events(rollout_id, kind, after_seq, limit)
-        if as_json:
-            render.print_json([e.to_json() for e in events])
-        else:
-            render.stdout().print(render.events_table(events))
+        render.show(events, as_json, render.events_table)
 
     _run(ctx, work)
 
@@ -421,10 +415,7 @@ def models_ls(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
     async def work(client: AglLiteClient) -> None:
         models = await client.models()
-        if as_json:
-            render.print_json([m.to_json() for m in models])
-        else:
-            render.stdout().print(render.models_table(models))
+        render.show(models, as_json, render.models_table)
 
     _run(ctx, work)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import orjson
 from rich.console import Console
@@ -131,3 +131,14 @@ def state_table(state: GatewayState) -> Table:
 def stdout() -> Console:
     """A console on the current stdout (made per command: test runners swap stdout)."""
     return Console(soft_wrap=False, highlight=False)
+
+
+R = TypeVar("R", Rollout, Event, ModelRecord)
+
+
+def show(records: Sequence[R], as_json: bool, table: Callable[[Sequence[R]], Table]) -> None:
+    """What every list command prints: the records as one JSON array (`--json`), or their table."""
+    if as_json:
+        print_json([r.to_json() for r in records])
+    else:
+        stdout().print(table(records))
