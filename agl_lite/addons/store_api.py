@@ -151,14 +151,15 @@ class StoreApi:
         self.store: Store = self._ctx.services.require(STORE, by="store_api")
         self.public_url = config.public_url
         self.admin_key = os.environ.get("AGL_KEY", "")
-        self._handlers: dict[str, Handler] = {
-            name.replace(".", "_"): getattr(self, name.replace(".", "_")) for name in (r.name for r in ROUTES)
+        # by route name, resolved once: this runs on every request of the chain, LLM calls included
+        self._handlers: dict[str, tuple[HttpRoute, Handler]] = {
+            r.name: (r, getattr(self, r.name.replace(".", "_"))) for r in ROUTES
         }
 
     async def request(self, flow: Flow) -> None:
-        handler = self._handlers.get(flow.route.name.replace(".", "_"))
-        if handler is not None and flow.route in ROUTES:
-            flow.response = await handler(flow)
+        entry = self._handlers.get(flow.route.name)
+        if entry is not None and entry[0] is flow.route:  # our route, not another addon's of the same name
+            flow.response = await entry[1](flow)
 
     def _rid(self, flow: Flow) -> str:
         return flow.request.path_params["rollout_id"]
