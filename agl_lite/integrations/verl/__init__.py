@@ -1,0 +1,1 @@
+"""The VERL bridge: triplets, trajectory merge and AglLiteDaemon (DESIGN.md §6)."""

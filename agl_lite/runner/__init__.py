@@ -1,0 +1,1 @@
+"""Agent runners: launch attempts of queued rollouts as local processes or Kubernetes Jobs (DESIGN.md §5)."""
