@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from multidict import CIMultiDict
 from prometheus_client import (
@@ -29,6 +30,8 @@ from agl_lite.errors import UpstreamError
 
 __all__ = ["DURATION_BUCKETS", "Metrics"]
 
+
+_MAX_CHILDREN = 10_000
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 """Seconds: a cached API answer takes milliseconds, a long agentic generation minutes."""
@@ -82,6 +85,8 @@ class Metrics:
             registry=r,
         )
         self._llm_flows: set[int] = set()
+        # Label children by their values: `labels()` validates, locks and builds a key on every call.
+        self._children: dict[tuple[object, ...], Any] = {}
         self._process_collector: ProcessCollector | None = None
 
     # --- hooks -----------------------------------------------------------------------------------------------
@@ -115,15 +120,15 @@ class Metrics:
             outcome = "error"
         else:
             outcome = "ok"
-        self.requests.labels(route, status, outcome).inc()
-        self.duration.labels(route).observe((flow.t_end or time.monotonic()) - flow.t_start)
+        self._child(self.requests, route, status, outcome).inc()
+        self._child(self.duration, route).observe((flow.t_end or time.monotonic()) - flow.t_start)
         if flow.id not in self._llm_flows:
             return
         self._llm_flows.discard(flow.id)
         self.in_flight.dec()
         model = str(flow.metadata.get("route.model") or "unknown")
         if flow.t_first_byte is not None:
-            self.first_byte.labels(model).observe(flow.t_first_byte - flow.t_start)
+            self._child(self.first_byte, model).observe(flow.t_first_byte - flow.t_start)
         if isinstance(flow.error, UpstreamError):
             self.upstream_errors.labels(model, flow.error.type).inc()
         elif response is not None and response.from_upstream and response.status >= 500:
@@ -140,4 +145,13 @@ class Metrics:
         for kind in ("prompt", "completion"):
             n = usage.get(f"{kind}_tokens")
             if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-                self.tokens.labels(model, kind).inc(n)
+                self._child(self.tokens, model, kind).inc(n)
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        key = (metric, *values)
+        child = self._children.get(key)
+        if child is None:
+            if len(self._children) >= _MAX_CHILDREN:  # label values come from routes and models: bounded, but
+                self._children.clear()  # a bound on the cache is cheap insurance
+            child = self._children[key] = metric.labels(*values)
+        return child

@@ -353,7 +353,10 @@ class SQLiteStore(Store):
         self.path = str(path)
         self.synchronous = synchronous
         self.batch = batch
-        self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=queue_size)
+        self._queue: queue.Queue[list[_Item] | None] = queue.Queue()
+        self._queue_size = queue_size
+        self._pending: list[_Item] = []
+        self._submitted = 0  # writes handed over (the loop's count; `ops` is the writer's: no shared counter)
         self._writer: threading.Thread | None = None
         self._local = threading.local()
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agl-sqlite-read")
@@ -389,20 +392,29 @@ class SQLiteStore(Store):
 
     @property
     def queue_depth(self) -> int:
-        return self._queue.qsize()
+        return self._submitted - self.ops
 
     async def _write(self, fn: Callable[[SQLiteRepo], T]) -> T:
         if self._writer is None:
             raise RuntimeError("SQLiteStore.open() was not awaited")
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
-        try:
-            self._queue.put_nowait((fn, fut, loop))
-        except queue.Full:
+        if self._submitted - self.ops >= self._queue_size:
             raise ServiceUnavailable(
                 "the store's write queue is full; retry later", headers={"Retry-After": "1"}
-            ) from None
+            )
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        pending = self._pending
+        if not pending:
+            loop.call_soon(self._flush)
+        pending.append((fn, fut, loop))
+        self._submitted += 1
         return await fut
+
+    def _flush(self) -> None:
+        """Hand this loop iteration's writes to the writer at once: one wake-up of its thread, not one per write."""
+        batch, self._pending = self._pending, []
+        if batch:
+            self._queue.put_nowait(batch)
 
     async def _read(self, fn: Callable[[SQLiteRepo], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._readers, self._run_read, fn)
@@ -419,20 +431,21 @@ class SQLiteStore(Store):
 
     def _write_loop(self) -> None:
         repo = SQLiteRepo(self._conn, self._index)
-        while True:
+        stop = False
+        while not stop:
             item = self._queue.get()
             if item is None:
                 return
-            batch = [item]
+            batch = item
             while len(batch) < self.batch:
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is None:
-                    self._queue.put(None)  # finish this batch, then stop
+                    stop = True
                     break
-                batch.append(nxt)
+                batch += nxt
             self._commit_batch(repo, batch)
 
     def _commit_batch(self, repo: SQLiteRepo, batch: list[_Item]) -> None:
@@ -501,6 +514,7 @@ class SQLiteStore(Store):
 
     async def close(self) -> None:
         if self._writer is not None:
+            self._flush()  # writes of this loop iteration not handed over yet go first
             self._queue.put(None)
             await asyncio.to_thread(self._writer.join)
             self._writer = None
