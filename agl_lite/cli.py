@@ -97,14 +97,31 @@ def mock_llm(
         list[str] | None, typer.Option("--model", help="Served model name (repeatable).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the deterministic output.")] = 0,
+    math: Annotated[
+        Path | None,
+        typer.Option(
+            "--math",
+            help="GSM8K JSONL problems to answer in GSM8K format ('... #### N'), right or wrong by seed.",
+        ),
+    ] = None,
+    wrong_rate: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="With --math: share of answers that are wrong.")
+    ] = 0.25,
 ) -> None:
     """Serve the mock vLLM (the real vLLM wire format, deterministic output) for tests and the CPU demo.
 
-    Example: agl-lite mock-llm --port 8000 --model smollm2
+    Example: agl-lite mock-llm --port 8000 --model smollm2 --math examples/math-poc/problems.jsonl
     """
     from agl_lite.testing.mock_vllm import serve
+    from agl_lite.testing.mock_vllm_math import MathTutor
 
-    serve(host, port, seed=seed, models=model or ["smollm2"])
+    tutor = None
+    if math is not None:
+        try:
+            tutor = MathTutor.from_file(math, seed=seed, wrong_rate=wrong_rate)
+        except (OSError, ValueError) as exc:
+            _fail(f"--math {math}: {exc}")
+    serve(host, port, seed=seed, models=model or ["smollm2"], hook=tutor)
 
 
 @app.command()

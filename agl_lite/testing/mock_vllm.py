@@ -401,10 +401,11 @@ def serve(
     seed: int = 0,
     models: Sequence[str] = ("smollm2",),
     max_model_len: int = 2048,
+    hook: ScenarioHook | None = None,
     print_fn: Callable[..., None] | None = print,
 ) -> None:
     """Serve a fresh mock until interrupted (the `agl-lite mock-llm` command)."""
-    mock = MockVLLM(tuple(models), seed=seed, max_model_len=max_model_len)
+    mock = MockVLLM(tuple(models), seed=seed, max_model_len=max_model_len, hook=hook)
     web.run_app(
         create_app(mock),
         host=host,
