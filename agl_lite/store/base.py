@@ -121,10 +121,14 @@ class Store:
 
     def __init__(self) -> None:
         self._completed = asyncio.Event()  # replaced after each set: waiters hold the one they saw
+        self._enqueued = (
+            asyncio.Event()
+        )  # likewise, for runners in this process (claim on enqueue, not polling)
         self.completion_waiters = 0
         """Long-polls now waiting for a completion (metrics, and tests that must know one is waiting)."""
         self._status: dict[str, RolloutStatus] = {}
         self._seen_attempts: set[tuple[str, str]] = set()
+        self._model_listeners: list[Callable[[ModelRecord], None]] = []
 
     # --- what a backend provides ---------------------------------------------------------------------------------
 
@@ -182,7 +186,14 @@ class Store:
                 out.append(rollout)
             return out
 
-        return await self._write(op)
+        result = await self._write(op)
+        self._enqueued.set()
+        self._enqueued = asyncio.Event()
+        return result
+
+    def enqueued(self) -> asyncio.Event:
+        """An event the next enqueue sets: a runner takes it before claiming and waits on it, missing none."""
+        return self._enqueued
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
         rollout = await self._read(lambda repo: repo.get_rollout(rollout_id))
@@ -260,11 +271,14 @@ class Store:
         return await self._read(lambda repo: [(r, repo.attempts(r.id)) for r in repo.running()])
 
     async def completed(self, after: int, limit: int = 100, wait: float = 0.0) -> tuple[list[Rollout], int]:
-        """Terminal rollouts past the cursor `after` and the next cursor; waits up to `wait` s for one to appear."""
-        if not 1 <= limit <= self.max_batch:
-            raise BadRequest(f"limit must be between 1 and {self.max_batch}")
+        """Terminal rollouts past the cursor `after` and the next cursor; waits up to `wait` s for one to appear.
+        `limit=0` returns no rollouts and the head of the cursor, where a follower of new completions starts."""
+        if not 0 <= limit <= self.max_batch:
+            raise BadRequest(f"limit must be between 0 and {self.max_batch}")
         if after < 0 or wait < 0:
             raise BadRequest("after and wait must not be negative")
+        if limit == 0:
+            return [], await self._read(lambda repo: repo.last_completion_seq())
         deadline = asyncio.get_running_loop().time() + wait
         while True:
             changed = self._completed
@@ -332,7 +346,13 @@ class Store:
                     f"rollout {rollout_id!r} is {rollout.status.value}; attempts start only while running"
                 )
             if rollout.attempt_count >= rollout.config.max_attempts:
-                raise Conflict(f"rollout {rollout_id!r} has used all {rollout.config.max_attempts} attempts")
+                # `lost` attempts (an evicted pod, a runner restart) are the infrastructure's failures, not the
+                # agent's: they do not use up the rollout's attempts (Kubernetes ignores disruptions alike).
+                lost = sum(1 for a in repo.attempts(rollout_id) if a.status is AttemptStatus.LOST)
+                if rollout.attempt_count - lost >= rollout.config.max_attempts:
+                    raise Conflict(
+                        f"rollout {rollout_id!r} has used all {rollout.config.max_attempts} attempts"
+                    )
             now = time.time()
             rollout.attempt_count += 1
             timeout = rollout.config.timeout_s
@@ -479,9 +499,17 @@ class Store:
         return await self._read(lambda repo: repo.latest_resources())
 
     async def put_model(self, name: str, endpoints: list[str], version: str) -> ModelRecord:
-        model = ModelRecord(name, endpoints, version, time.time())
+        """Register (or replace) a model's endpoints and version; listeners learn of it before this returns, so
+        a caller that resumes the gateway after a weight sync knows every new call goes to the new version."""
+        model = ModelRecord(name, list(endpoints), version, time.time())
         await self._write(lambda repo: repo.put_model(model))
+        for listener in self._model_listeners:
+            listener(model)
         return model
+
+    def on_model_change(self, listener: Callable[[ModelRecord], None]) -> None:
+        """Call `listener` with each model registered through this store object (the `route` addon's hook)."""
+        self._model_listeners.append(listener)
 
     async def models(self) -> list[ModelRecord]:
         return await self._read(lambda repo: repo.models())

@@ -124,6 +124,18 @@ async def test_attempts_respect_the_cap_and_upsert_by_id(store: Store) -> None:
     assert [a.id for a in await store.attempts("r1")] == ["pod-uid-1", a2.id]
 
 
+async def test_lost_attempts_do_not_use_up_the_cap(store: Store) -> None:
+    """An evicted pod or a runner restart is not the agent's failure: its replacement still gets an attempt."""
+    await running_rollout(store, max_attempts=1)
+    first = await store.start_attempt("r1", "pod-evicted")
+    await store.update_attempt("r1", first.id, AttemptStatus.LOST, message="evicted")
+    second = await store.start_attempt("r1", "pod-replacement")
+    assert second.seq == 2
+    await store.update_attempt("r1", second.id, AttemptStatus.FAILED, exit_code=1)
+    with pytest.raises(Conflict, match="used all 1 attempts"):  # a failed attempt does use one up
+        await store.start_attempt("r1", "pod-third")
+
+
 async def test_attempts_start_only_while_running(store: Store) -> None:
     await store.enqueue([RolloutSpec(input=1, id="q")])
     with pytest.raises(Conflict, match="only while running"):
