@@ -17,6 +17,7 @@ import orjson
 import structlog
 
 from agl_lite.capture.assemble import Assembly, Collector, error_message
+from agl_lite.capture.client_view import CLIENT_VIEW, apply_client_view
 from agl_lite.capture.strip import Strip, client_view
 from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.flow import Flow, Request
@@ -110,6 +111,8 @@ def _api(flow: Flow) -> str | None:
         return "chat"
     if path.endswith("/completions"):
         return "completions"
+    if path.endswith("/messages"):  # an Anthropic call rejected before its translation to chat
+        return "messages"
     return None
 
 
@@ -122,7 +125,7 @@ class Capture:
     """Sets `capture.order_key` (int, at request start), `capture.injected` (the top-level fields it set upstream)
     and `capture.record` (the `LLMCall`, in `response_end` or `error`); `capture.state` is its own. Reads
     `auth.role`, `auth.rollout_id`, `auth.attempt_id`, `route.backend`, `route.model`, `route.requested_model`,
-    `route.model_version`.
+    `route.model_version`, and `capture.client_view` (left by a translating addon such as anthropic).
     """
 
     @dataclass(frozen=True, slots=True)
@@ -241,6 +244,7 @@ class Capture:
                 "capture failed to assemble a record", path=flow.request.path, error=repr(exc), exc_info=exc
             )
             record = _bare(flow, call, CallOutcome.UPSTREAM_ERROR, f"capture could not assemble: {exc!r}")
+        apply_client_view(record, md.get(CLIENT_VIEW))
         md["capture.record"] = record
 
 
@@ -323,7 +327,18 @@ def _sampling(request: Request) -> dict[str, Any]:
         return {}
     if not isinstance(body, dict):
         return {}
-    return {k: v for k, v in body.items() if k in _SAMPLING}
+    sampling = {k: v for k, v in body.items() if k in _SAMPLING}
+    return sampling if _storable(sampling) else {k: v for k, v in sampling.items() if _storable(v)}
+
+
+def _storable(value: Any) -> bool:
+    """Whether the store's serialiser (orjson) can hold it: the request was read as Python reads JSON, integers
+    past 64 bits and lone surrogates included, and one such value must not cost the call its record."""
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _loads(raw: bytes) -> Any:

@@ -42,13 +42,14 @@ DEFAULT_CHAIN: tuple[str, ...] = (
     "control",
     "metrics",
     "route",
+    "anthropic",
     "capture",
     "tokens",
     "sink",
 )
 """The addon chain when the config names none. Order matters: the store first (others look it up), auth on every
-flow, then the addons that answer their own paths, then the LLM path (pause, route, capture, tokens) and the sink
-that commits the captured call."""
+flow, then the addons that answer their own paths, then the LLM path (pause, route, anthropic, capture, tokens) and
+the sink that commits the captured call."""
 
 
 def option(default: Any, doc: str, *, toml_key: str = "") -> Any:
@@ -71,6 +72,14 @@ class ServerConfig:
     port: int = option(8100, "TCP port to listen on; 0 picks a free port.")
     public_url: str = option("", "Base URL agents use to reach the gateway; empty means `http://HOST:PORT`.")
     max_body_bytes: int = option(64 * MiB, "Largest request body accepted, in bytes; larger bodies get 413.")
+    header_timeout_s: float = option(
+        60.0,
+        "Seconds a connection may take to send a request's headers (and stay idle between requests); then it "
+        "is closed.",
+    )
+    body_timeout_s: float = option(
+        60.0, "Seconds a request's body may take to arrive once its headers are in; slower bodies get 408."
+    )
     shutdown_timeout: float = option(10.0, "Seconds to let in-flight requests finish at shutdown.")
 
 
@@ -136,6 +145,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {p}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: invalid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 text; tomllib lets the decoding error through
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}): save it as UTF-8") from exc
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror}") from exc
 

@@ -119,7 +119,10 @@ class ResponseHeadersHook(Hook):
 
     For an upstream response the body has not been read yet: attach per-flow taps (`flow.response.taps`) to observe
     the upstream bytes and transforms (`flow.response.transforms`) to rewrite what the client receives. Status and
-    headers may still change. Also fires for short-circuit responses (`flow.response.from_upstream` is False).
+    headers may still change. Also fires for short-circuit responses (`flow.response.from_upstream` is False),
+    including the error answer after an unreachable upstream (then after `error`, and not followed by
+    `response_end`), so that an addon translating an API can reshape it. A mid-stream error event the core sends
+    goes through the transforms, as the upstream's own events do.
     """
 
     name = "response_headers"

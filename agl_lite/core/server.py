@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
 import time
 from dataclasses import replace
@@ -17,15 +18,24 @@ from typing import Any
 import aiohttp
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict
 
 from agl_lite.core.addons import AddonManager
 from agl_lite.core.config import GatewayConfig
-from agl_lite.core.flow import Flow, Request, Response, error_response, json_response
+from agl_lite.core.flow import Flow, Request, Response, Transform, error_response, json_response
 from agl_lite.core.routes import HttpRoute, RouteKind, RouteTable, Scope
 from agl_lite.core.sse import DoneDetector
 from agl_lite.core.upstream import Upstream, filter_headers, map_upstream_error
-from agl_lite.errors import ConfigError, HttpError, InternalError, NotFound, PayloadTooLarge, UpstreamError
+from agl_lite.errors import (
+    ConfigError,
+    HttpError,
+    InternalError,
+    NotFound,
+    PayloadTooLarge,
+    RequestTimeout,
+    UpstreamError,
+)
 
 __all__ = ["CORE_ROUTES", "Gateway"]
 
@@ -39,6 +49,10 @@ class Gateway:
     """The addon chain behind an HTTP server. `start()` binds and fires `running`; `stop()` fires `shutdown`."""
 
     def __init__(self, config: GatewayConfig, addons: AddonManager) -> None:
+        if not (config.server.header_timeout_s > 0 and config.server.body_timeout_s > 0):
+            raise ConfigError(
+                f"{config.source}: server.header_timeout_s and server.body_timeout_s must be > 0"
+            )
         self.config = config
         self.addons = addons
         self.table = RouteTable([*CORE_ROUTES, *addons.routes()])
@@ -68,6 +82,10 @@ class Gateway:
             handler_cancellation=True,
             access_log=None,
             max_field_size=65536,
+            # aiohttp closes a connection that has not sent a whole request's headers within its keep-alive
+            # timeout (from connect, and between requests): the slow-header bound.
+            keepalive_timeout=self.config.server.header_timeout_s,
+            logger=_PROTOCOL_LOG,
         )
 
     async def start(self) -> int:
@@ -90,11 +108,11 @@ class Gateway:
             )
             await self._runner.setup()
             await web.SockSite(self._runner, sock, backlog=1024).start()
+            await self.addons.running()
         except BaseException:
-            sock.close()
-            await self.stop()
+            await self.stop()  # also when `running` failed: no half-started gateway, no unclosed session
+            sock.close()  # after the site let go of it (closing it first breaks the site's cleanup)
             raise
-        await self.addons.running()
         log.info("gateway listening", url=self.config.public_url, chain=[a.name for a in self.addons.addons])
         return self.port
 
@@ -113,10 +131,17 @@ class Gateway:
         except HttpError as exc:
             return _json_web_response(exc.status, exc.body(), exc.headers)
         try:
-            body = await request.read()
+            if request.content.is_eof():  # the whole body is buffered already: no timer on the hot path
+                body = await request.read()
+            else:
+                async with asyncio.timeout(self.config.server.body_timeout_s):
+                    body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             too_large = PayloadTooLarge(f"request body exceeds {self.config.server.max_body_bytes} bytes")
             return _json_web_response(too_large.status, too_large.body(), {"Connection": "close"})
+        except TimeoutError:
+            slow = RequestTimeout(f"request body not received within {self.config.server.body_timeout_s:g} s")
+            return _json_web_response(slow.status, slow.body(), {"Connection": "close"})
         flow = Flow(
             request=Request(
                 request.method,
@@ -163,7 +188,9 @@ class Gateway:
             flow.error = exc
             await self.addons.error(flow)
             flow.response = error_response(exc)
-            return await self._send_short(request, flow, hooks=False)
+            # `error` took the place of response_end; response_headers still runs, so that a translating addon
+            # can give its client the error in the client's own shape.
+            return await self._send_short(request, flow, end_hooks=False)
         try:
             return await self._relay(request, flow, upstream_resp)
         finally:
@@ -174,13 +201,13 @@ class Gateway:
                 target.observer.attempt_ended(target, ok=not isinstance(flow.error, UpstreamError))
 
     async def _send_short(
-        self, request: web.BaseRequest, flow: Flow, *, hooks: bool = True
+        self, request: web.BaseRequest, flow: Flow, *, end_hooks: bool = True
     ) -> web.StreamResponse:
+        await self.addons.response_headers(flow)
+        if end_hooks:
+            await self.addons.response_end(flow)
         response = flow.response
         assert response is not None
-        if hooks:
-            await self.addons.response_headers(flow)
-            await self.addons.response_end(flow)
         out = web.Response(status=response.status, body=response.body, headers=response.headers)
         await out.prepare(request)  # here, not after return, so that a bad header fails inside the flow
         flow.bytes_to_client = len(response.body or b"")
@@ -237,7 +264,7 @@ class Gateway:
                         flow.bytes_to_client += len(pending)
                         await out.write(pending)
                     pending = chunk
-            final = b"".join(t.flush() for t in transforms) if transforms else b""
+            final = _flush_chain(transforms) if transforms else b""
             if not ended:
                 ended = True
                 await self.addons.response_end(flow)
@@ -263,8 +290,10 @@ class Gateway:
             err = map_upstream_error(exc, flow.upstream.name if flow.upstream else "", mid_response=True)
             await self._fail(flow, err, ended)
             if response.is_event_stream and not ended:
-                # In-band, as vLLM itself reports errors mid-stream: the SDKs raise it as an APIError.
-                await _write_quietly(out, b"data: " + json.dumps(err.body()).encode() + b"\n\n")
+                # In-band, as vLLM itself reports errors mid-stream: the SDKs raise it as an APIError. It goes
+                # through the transforms like any event, so a translating addon speaks its client's dialect.
+                frame = _through(transforms, b"data: " + json.dumps(err.body()).encode() + b"\n\n")
+                await _write_quietly(out, frame)
                 await _write_eof_quietly(out)
             elif request.transport is not None:
                 # A plain body cannot signal an error once its status went out: cut the connection instead.
@@ -284,6 +313,51 @@ class Gateway:
             flow.error = err
         if not ended:
             await self.addons.error(flow)
+
+
+def _flush_chain(transforms: list[Transform]) -> bytes:
+    """What the transforms still owe at the end of the body: each one's leftovers go through those after it
+    before they are flushed in turn."""
+    out = b""
+    for i, t in enumerate(transforms):
+        owed = t.flush()
+        for later in transforms[i + 1 :]:
+            if owed:
+                owed = later(owed)
+        out += owed
+    return out
+
+
+def _apply(transforms: list[Transform], data: bytes) -> bytes:
+    for t in transforms:
+        data = t(data)
+    return data
+
+
+def _through(transforms: list[Transform], event: bytes) -> bytes:
+    """`event` and then the end of the body through the transforms; the raw event if one of them fails."""
+    try:
+        return _apply(transforms, event) + _flush_chain(transforms)
+    except Exception as exc:  # a transform that cannot take the error must not hide it from the client
+        log.error("a transform failed on the in-band error event", error=repr(exc), exc_info=exc)
+        return event
+
+
+class _MalformedRequests(logging.Filter):
+    """aiohttp answers HTTP its parser refuses (bad request line, header too long, bad chunking) with a 400 of its
+    own and logs the exception with a traceback and the offending bytes. That is the client's input, not our bug:
+    one warning line naming the error class instead (the bytes could hold a header such as Authorization)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            log.warning("malformed HTTP request refused", error=type(exc).__name__, status=exc.code)
+            return False
+        return True
+
+
+_PROTOCOL_LOG = logging.getLogger("agl_lite.http")
+_PROTOCOL_LOG.addFilter(_MalformedRequests())
 
 
 async def _write_quietly(out: web.StreamResponse, data: bytes) -> None:

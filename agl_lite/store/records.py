@@ -283,6 +283,12 @@ class LLMCall:
     stream: bool = False
     request: Any = None
     """The client's request body as it sent it."""
+    upstream_request: Any = None
+    """The request as translated for the upstream (an Anthropic call's chat completions body, before capture's
+    injections); None when the gateway forwarded the client's own API."""
+    client_response: Any = None
+    """The response as the client received it when translated (an Anthropic message, also for a stream); None
+    otherwise. `choices` and `usage` are always the upstream's view."""
     sampling: dict[str, Any] = field(default_factory=dict)
     """The sampling parameters actually sent upstream (after injection)."""
     prompt_token_ids: array[int] | None = None
@@ -328,6 +334,8 @@ class LLMCall:
             )
         if with_request:
             out["request"] = self.request
+            out["upstream_request"] = self.upstream_request
+            out["client_response"] = self.client_response
         return out
 
     def __eq__(self, other: object) -> bool:

@@ -106,7 +106,7 @@ def test_unknown_addon_name_is_a_readable_error(tmp_path: Path) -> None:
     path.write_text('[addons]\nchain = ["auth", "nope"]\n')
     with pytest.raises(
         AddonLoadError,
-        match=r"unknown addon 'nope': use one of auth, capture, control, .*, store_api, tokens",
+        match=r"unknown addon 'nope': use one of anthropic, auth, capture, control, .*, store_api, tokens",
     ):
         load_chain(load_config(path))
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -13,6 +15,9 @@ import pytest
 from aiohttp import web
 
 from agl_lite.core.flow import Flow
+from agl_lite.errors import ConfigError
+from agl_lite.service import build_gateway
+from agl_lite.testing.gateway import write_config
 from agl_lite.testing.servers import serve_app
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 
@@ -339,3 +344,27 @@ async def test_unexpected_failure_still_answers_json_500(gateway_factory: Gatewa
             assert r.status == 500
             assert (await r.json())["error"]["type"] == "internal_error"
     assert probe.calls["flow_done"] == 1
+
+
+class _FailsWhenRunning:
+    """An addon whose `running` hook fails: start() must undo everything it set up."""
+
+    def __init__(self) -> None:
+        self.shut_down = False
+
+    def running(self) -> None:
+        raise RuntimeError("cannot reach its store")
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+async def test_a_failing_running_hook_stops_the_gateway_and_frees_its_port(tmp_path: Path) -> None:
+    addon = _FailsWhenRunning()
+    gateway = build_gateway(write_config(tmp_path, {"m": ["http://127.0.0.1:9/v1"]}), [addon])
+    with pytest.raises(ConfigError, match="failed to start"):
+        await gateway.start()
+    assert addon.shut_down
+    assert gateway.upstream._session is None  # closed and dropped
+    with socket.socket() as probe:  # the port is free again: nothing is left listening
+        probe.bind(("127.0.0.1", gateway.port))
