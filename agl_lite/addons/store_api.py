@@ -19,9 +19,10 @@ from agl_lite.core.flow import Flow, Response
 from agl_lite.core.keys import KeyRole
 from agl_lite.core.routes import ATTRIBUTED_PREFIX, HttpRoute, RouteKind, Scope
 from agl_lite.core.services import LoadContext
-from agl_lite.errors import BadRequest, Forbidden
-from agl_lite.store import api
+from agl_lite.errors import BadRequest, Conflict, Forbidden
+from agl_lite.store import api, triplets
 from agl_lite.store.base import STORE, RolloutFilter, Store
+from agl_lite.store.openapi import QUERIES
 from agl_lite.store.records import RolloutStatus
 
 __all__ = ["ROUTES", "StoreApi"]
@@ -59,6 +60,10 @@ ROUTES = (
     ),
     HttpRoute(
         "calls.list", "GET", R + "/calls", A, RouteKind.API, "A rollout's captured LLM calls with ids."
+    ),
+    HttpRoute("triplets.get", "GET", R + "/triplets", A, RouteKind.API, "A rollout's training triplets."),
+    HttpRoute(
+        "triplets.batch", "POST", "/api/triplets", A, RouteKind.API, "Many rollouts' triplets (NDJSON pages)."
     ),
     HttpRoute("runner.claim", "POST", "/api/runner/claim", A, RouteKind.API, "Claim queued rollouts."),
     HttpRoute(
@@ -107,7 +112,16 @@ def _ok(obj: Any, status: int = 200) -> Response:
 
 
 def _query(flow: Flow) -> dict[str, str]:
-    return {k: v[-1] for k, v in parse_qs(flow.request.query_string).items()}
+    """The query parameters (the last of repeated ones); a blank one is kept, so that it fails its check."""
+    return {k: v[-1] for k, v in parse_qs(flow.request.query_string, keep_blank_values=True).items()}
+
+
+def _check_query(flow: Flow) -> None:
+    """An unknown query parameter is a 400, as an unknown body field is: a typo must not pass for a default."""
+    allowed = QUERIES.get(flow.route.name, {})
+    unknown = sorted(set(parse_qs(flow.request.query_string, keep_blank_values=True)) - allowed.keys())
+    if unknown:
+        raise BadRequest(f"unknown query parameter(s) {unknown}; known: {sorted(allowed) or 'none'}")
 
 
 def _number(q: dict[str, str], name: str, default: N, lo: N, hi: N, kind: Callable[[str], N]) -> N:
@@ -159,6 +173,8 @@ class StoreApi:
     async def request(self, flow: Flow) -> None:
         entry = self._handlers.get(flow.route.name)
         if entry is not None and entry[0] is flow.route:  # our route, not another addon's of the same name
+            if flow.request.query_string:
+                _check_query(flow)
             flow.response = await entry[1](flow)
 
     def _rid(self, flow: Flow) -> str:
@@ -176,7 +192,7 @@ class StoreApi:
         status = q.get("status")
         try:
             flt = RolloutFilter(
-                status=RolloutStatus(status) if status else None,
+                status=RolloutStatus(status) if status is not None else None,
                 mode=q.get("mode"),
                 group_id=q.get("group_id"),
                 after=_int(q, "after", 0, 0, 2**62),
@@ -194,7 +210,7 @@ class StoreApi:
         q = _query(flow)
         rows, cursor = await self.store.completed(
             _int(q, "after", 0, 0, 2**62),
-            _int(q, "limit", 100, 1, 1000),
+            _int(q, "limit", 100, 0, 1000),
             _float(q, "wait", 0.0, 0.0, self.max_wait_s),
         )
         return _ok({"rollouts": [r.to_json() for r in rows], "cursor": cursor})
@@ -219,8 +235,10 @@ class StoreApi:
         attempt_id = api.parse(api.AttemptIn, flow.request.body or b"{}").attempt_id
         rollout = await self.store.get_rollout(self._rid(flow))
         if attempt_id == api.ATTEMPT_FROM_POD:
-            if rollout.status is not RolloutStatus.RUNNING:
-                raise BadRequest(f"rollout {rollout.id!r} is {rollout.status.value}, not running")
+            if rollout.status is not RolloutStatus.RUNNING:  # as start_attempt answers for any other id
+                raise Conflict(
+                    f"rollout {rollout.id!r} is {rollout.status.value}; attempts start only while running"
+                )
             attempt_json = None
         else:
             attempt = await self.store.start_attempt(rollout.id, attempt_id)
@@ -277,6 +295,19 @@ class StoreApi:
             _int(q, "limit", 100, 1, 1000),
         )
         return _ok({"calls": [c.to_json() for c in calls]})
+
+    async def triplets_get(self, flow: Flow) -> Response:
+        options = triplets.TripletOptions.from_query(_query(flow))
+        return _ok((await triplets.rollout_triplets(self.store, self._rid(flow), options)).to_json())
+
+    async def triplets_batch(self, flow: Flow) -> Response:
+        p = api.parse(api.TripletsIn, flow.request.body)
+        options = triplets.TripletOptions(
+            triplets.AttemptScope(p.attempts), triplets.RewardPolicy(p.reward_policy), p.missing_reward
+        )
+        body, count = await triplets.triplets_page(self.store, p.rollout_ids, options, p.max_bytes)
+        headers = {"Content-Type": "application/x-ndjson", "X-Agl-Rollouts": str(count)}
+        return Response(200, CIMultiDict(headers), body=body)
 
     # --- the runner protocol -------------------------------------------------------------------------------------
 

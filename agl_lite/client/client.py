@@ -23,6 +23,7 @@ from agl_lite.client.results import AttemptEnv, GatewayState, StartedAttempt, Wa
 from agl_lite.client.retry import RetryPolicy
 from agl_lite.client.settings import ClientSettings, Timeouts
 from agl_lite.client.transport import Transport, path
+from agl_lite.client.triplets import DEFAULT_PAGE_BYTES, iter_triplets
 from agl_lite.store.base import EventSpec, RolloutFilter, RolloutSpec
 from agl_lite.store.records import (
     Attempt,
@@ -35,6 +36,7 @@ from agl_lite.store.records import (
     RolloutConfig,
     RolloutStatus,
 )
+from agl_lite.store.triplets import RolloutTriplets, TripletOptions
 
 __all__ = ["MAX_BATCH", "AglLiteClient"]
 
@@ -44,6 +46,8 @@ MAX_BATCH = 1000
 _R = "/api/rollouts/{}"
 FIRST_PAGE = RolloutFilter()
 """The default of `list_rollouts`: the first page of all rollouts (a frozen value, safe to share)."""
+DEFAULT_TRIPLETS = TripletOptions()
+"""The default of `triplets`: the final attempt, the reward on the last step, 0 for a missing reward."""
 
 
 def _new_rollout_id() -> str:
@@ -359,6 +363,21 @@ class AglLiteClient:
             if len(page) < page_size:
                 return
             after = page[-1].order_key
+
+    async def triplets(self, rollout_id: str, options: TripletOptions = DEFAULT_TRIPLETS) -> RolloutTriplets:
+        """A rollout's training triplets: its `ok`, complete calls in request order, with rewards resolved."""
+        params = options.to_json()
+        return RolloutTriplets.from_json(await self._get(path(_R + "/triplets", rollout_id), params))
+
+    def iter_triplets(
+        self,
+        rollout_ids: Sequence[str],
+        options: TripletOptions = DEFAULT_TRIPLETS,
+        *,
+        max_bytes: int = DEFAULT_PAGE_BYTES,
+    ) -> AsyncIterator[RolloutTriplets]:
+        """Many rollouts' triplets, in the order given, one request per `max_bytes` of them (memory: one page)."""
+        return iter_triplets(self.http, rollout_ids, options, max_bytes)
 
     # --- resources and models ------------------------------------------------------------------------------------
 

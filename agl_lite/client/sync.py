@@ -13,11 +13,12 @@ from typing import Any, Literal, TypeVar
 
 import aiohttp
 
-from agl_lite.client.client import FIRST_PAGE, AglLiteClient
+from agl_lite.client.client import DEFAULT_TRIPLETS, FIRST_PAGE, AglLiteClient
 from agl_lite.client.completions import Progress
 from agl_lite.client.results import AttemptEnv, GatewayState, StartedAttempt, WaitResult
 from agl_lite.client.retry import RetryPolicy
 from agl_lite.client.settings import Timeouts
+from agl_lite.client.triplets import DEFAULT_PAGE_BYTES
 from agl_lite.store.base import EventSpec, RolloutFilter, RolloutSpec
 from agl_lite.store.records import (
     Attempt,
@@ -30,6 +31,7 @@ from agl_lite.store.records import (
     RolloutConfig,
     RolloutStatus,
 )
+from agl_lite.store.triplets import RolloutTriplets, TripletOptions
 
 __all__ = ["SyncAglLiteClient"]
 
@@ -249,6 +251,18 @@ class SyncAglLiteClient:
         self, rollout_id: str, *, attempt_id: str | None = None, page_size: int = 100
     ) -> Iterator[LLMCall]:
         return self._iterate(self.aio.iter_calls(rollout_id, attempt_id=attempt_id, page_size=page_size))
+
+    def triplets(self, rollout_id: str, options: TripletOptions = DEFAULT_TRIPLETS) -> RolloutTriplets:
+        return self._run(self.aio.triplets(rollout_id, options))
+
+    def iter_triplets(
+        self,
+        rollout_ids: Sequence[str],
+        options: TripletOptions = DEFAULT_TRIPLETS,
+        *,
+        max_bytes: int = DEFAULT_PAGE_BYTES,
+    ) -> Iterator[RolloutTriplets]:
+        return self._iterate(self.aio.iter_triplets(rollout_ids, options, max_bytes=max_bytes))
 
     # --- resources and models ------------------------------------------------------------------------------------
 

@@ -86,13 +86,15 @@ class Transport:
         params: Params | None = None,
         idempotent: bool,
         wait_s: float = 0.0,
+        as_bytes: bool = False,
     ) -> Any:
-        """The decoded JSON answer of `method route`; `wait_s` is how long the server may rightly stay silent
-        (a long-poll, a drain) on top of the read timeout. Idempotent requests are retried per the policy."""
+        """The decoded JSON answer of `method route` (its bytes with `as_bytes`, e.g. NDJSON); `wait_s` is how long the
+        server may rightly stay silent (a long-poll, a drain) on top of the read timeout. Idempotent requests are
+        retried per the policy."""
         retry = 0
         while True:
             try:
-                return await self._once(method, route, body, params, wait_s)
+                return await self._once(method, route, body, params, wait_s, as_bytes)
             except ClientError as exc:
                 if not idempotent or not _retryable(exc) or retry + 1 >= self.retry.attempts:
                     raise
@@ -101,7 +103,9 @@ class Transport:
                 self.retries += 1
                 await self.retry.sleep(delay)
 
-    async def _once(self, method: str, route: str, body: Any, params: Params | None, wait_s: float) -> Any:
+    async def _once(
+        self, method: str, route: str, body: Any, params: Params | None, wait_s: float, as_bytes: bool = False
+    ) -> Any:
         url = self.settings.url + route
         extra: dict[str, Any] = {}
         if wait_s:  # only then: `timeout=None` would switch every timeout off
@@ -136,6 +140,8 @@ class Transport:
             except orjson.JSONDecodeError:
                 decoded = raw.decode("utf-8", "replace")
             raise error_from_response(status, decoded, retry_after)
+        if as_bytes:
+            return raw
         try:
             return orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError as exc:

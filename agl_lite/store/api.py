@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
+from agl_lite.core.json_limits import check_json_depth
 from agl_lite.core.keys import KeyRole, derive_key
 from agl_lite.errors import BadRequest
-from agl_lite.store.base import EventSpec, RolloutSpec
+from agl_lite.store.base import LLM_CALL_KIND, EventSpec, RolloutSpec
 from agl_lite.store.records import AttemptStatus, Rollout, RolloutConfig
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "ModelIn",
     "PauseIn",
     "ResourceIn",
+    "TripletsIn",
     "agent_env",
     "grader_env",
     "parse",
@@ -40,15 +42,37 @@ TASK_INPUT_LIMIT = 64 * 1024
 """Above this many bytes of JSON, the input is not put in the env; the agent GETs AGL_TASK_URL instead."""
 
 
+def _json_number(value: Any) -> Any:
+    """A number as JSON Schema has it: 5 or 5.0 for an integer, never "5" or true (pydantic's lax mode takes both;
+    its strict mode refuses 5.0)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a number")
+    return value
+
+
+_NUMBER = BeforeValidator(_json_number)
+"""Goes after the field's bounds in its `Annotated`, or the OpenAPI document loses them."""
+
+
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False)
 
 
 class RolloutConfigIn(_In):
-    max_attempts: int = Field(1, ge=1, le=100, description="Attempts allowed (local retries / Job pods).")
-    timeout_s: float | None = Field(None, gt=0, description="Per-attempt wall-clock limit in seconds.")
-    trust_agent_rewards: bool = Field(False, description="Whether rewards the agent posts count.")
-    token_budget: int | None = Field(None, ge=1, description="Tokens the rollout's LLM calls may use in all.")
+    # Numbers and booleans are taken as JSON Schema reads them (no "5" for 5, no false for 0.0): what the
+    # OpenAPI document says is all that is taken, so a request that breaks it is refused, not reinterpreted.
+    max_attempts: Annotated[int, Field(ge=1, le=100), _NUMBER] = Field(
+        1, description="Attempts allowed (local retries / Job pods)."
+    )
+    timeout_s: float | None = Field(
+        None, gt=0, strict=True, description="Per-attempt wall-clock limit in seconds."
+    )
+    trust_agent_rewards: bool = Field(
+        False, strict=True, description="Whether rewards the agent posts count."
+    )
+    token_budget: Annotated[int, Field(ge=1, le=2**62), _NUMBER] | None = Field(
+        None, description="Tokens the rollout's LLM calls may use in all."
+    )
     runner: dict[str, Any] = Field(
         default_factory=dict, description="Runner overrides (command, env, Job fields)."
     )
@@ -63,7 +87,7 @@ class RolloutIn(_In):
         default_factory=dict, description="Yours (reference answers...); agents cannot read it."
     )
     group_id: Annotated[str, Field(pattern=ID)] | None = None
-    resources_version: int | None = Field(None, ge=1)
+    resources_version: Annotated[int, Field(ge=1, le=2**62), _NUMBER] | None = None
     rollout_id: Annotated[str, Field(pattern=ID)] | None = Field(
         None, description="Makes the create idempotent."
     )
@@ -86,7 +110,7 @@ class EnqueueIn(_In):
 
 class ClaimIn(_In):
     runner_id: Annotated[str, Field(pattern=ID)]
-    limit: int = Field(1, ge=1, le=1000)
+    limit: Annotated[int, Field(ge=1, le=1000), _NUMBER] = 1
 
 
 class AttemptIn(_In):
@@ -99,7 +123,7 @@ class AttemptIn(_In):
 
 class AttemptPatchIn(_In):
     status: AttemptStatus
-    exit_code: int | None = None
+    exit_code: Annotated[int, Field(ge=-(2**31), le=2**31 - 1), _NUMBER] | None = None
     message: str | None = Field(None, max_length=65536)
 
 
@@ -128,13 +152,23 @@ class EventsIn(_In):
 class AgentEventIn(_In):
     """What an agent (AGL_EVENT_URL) or grader posts: a custom event, or `{"kind": "reward", "value": ...}`."""
 
-    kind: Annotated[str, Field(pattern=KIND)]
-    value: float | None = Field(None, description="The reward, for kind `reward`.")
+    # `llm_call` events are the gateway's record of captured calls: an agent must not forge one.
+    kind: Annotated[str, Field(pattern=KIND, json_schema_extra={"not": {"enum": [LLM_CALL_KIND]}})]
+    value: float | None = Field(None, strict=True, description="The reward, for kind `reward`.")
     data: Any = None
     response_id: str | None = Field(
         None, max_length=256, description="Rewards one step: the call's response id."
     )
-    choice: int | None = Field(None, ge=0, description="...and its choice index.")
+    choice: Annotated[int, Field(ge=0, le=2**31 - 1), _NUMBER] | None = Field(
+        None, description="...and its choice index."
+    )
+
+    @field_validator("kind")
+    @classmethod
+    def _not_the_gateways(cls, kind: str) -> str:
+        if kind == LLM_CALL_KIND:
+            raise ValueError(f"'{LLM_CALL_KIND}' events are the gateway's own records of captured calls")
+        return kind
 
     def spec(self, attempt_id: str) -> EventSpec:
         if self.kind == "reward":
@@ -163,7 +197,21 @@ class ModelIn(_In):
 
 class PauseIn(_In):
     mode: Literal["hold", "reject"] = "hold"
-    hold_timeout_s: float | None = Field(None, gt=0, le=3600)
+    hold_timeout_s: float | None = Field(None, ge=0, le=3600, strict=True)
+
+
+class TripletsIn(_In):
+    """Triplets of many rollouts, as NDJSON (one line per rollout, in this order) up to `max_bytes` a response."""
+
+    rollout_ids: list[Annotated[str, Field(pattern=ID)]] = Field(min_length=1, max_length=1000)
+    attempts: Literal["final", "all"] = Field("final", description="The final attempt's calls only, or all.")
+    reward_policy: Literal["last", "broadcast"] = Field("last", description="Reward the last step or all.")
+    missing_reward: float = Field(
+        0.0, allow_inf_nan=False, strict=True, description="Reward of a rollout without one."
+    )
+    max_bytes: Annotated[int, Field(ge=1024, le=256 * 1024 * 1024), _NUMBER] = Field(
+        8 * 1024 * 1024, description="Stop adding rollouts past this size."
+    )
 
 
 def parse(model: type[_In], body: bytes) -> Any:
@@ -174,6 +222,7 @@ def parse(model: type[_In], body: bytes) -> Any:
         raw = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    check_json_depth(raw, body)  # deeper than the store can serialise: refused before it is written
     try:
         return model.model_validate(raw)
     except ValidationError as exc:

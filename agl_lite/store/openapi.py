@@ -25,11 +25,12 @@ BODIES: dict[str, type[BaseModel]] = {
     "models.put": api.ModelIn,
     "agent.events": api.AgentEventIn,
     "grader.grade": api.AgentEventIn,
-    "gateway.pause": api.PauseIn,
+    "gateway_pause": api.PauseIn,
+    "triplets.batch": api.TripletsIn,
 }
 """The JSON body each route takes."""
 
-_INT = {"type": "integer", "minimum": 0}
+_INT = {"type": "integer", "minimum": 0, "maximum": 2**62}
 QUERIES: dict[str, dict[str, dict[str, Any]]] = {
     "rollouts.list": {
         "status": {"type": "string", "enum": ["queuing", "running", "succeeded", "failed", "cancelled"]},
@@ -40,7 +41,7 @@ QUERIES: dict[str, dict[str, dict[str, Any]]] = {
     },
     "rollouts.completed": {
         "after": _INT,
-        "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
+        "limit": {"type": "integer", "minimum": 0, "maximum": 1000},  # 0: no rows, the cursor's head
         "wait": {"type": "number", "minimum": 0, "maximum": 60},
     },
     "events.list": {
@@ -50,11 +51,20 @@ QUERIES: dict[str, dict[str, dict[str, Any]]] = {
     },
     "calls.list": {
         "attempt_id": {"type": "string"},
-        "after_order_key": {"type": "integer", "minimum": -1},
+        "after_order_key": {"type": "integer", "minimum": -1, "maximum": 2**63 - 1},
         "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
     },
-    "resources.get": {"version": {"type": "integer", "minimum": 1}},
+    "resources.get": {"version": {"type": "integer", "minimum": 1, "maximum": 2**62}},
+    "triplets.get": {
+        "attempts": {"type": "string", "enum": ["final", "all"]},
+        "reward_policy": {"type": "string", "enum": ["last", "broadcast"]},
+        "missing_reward": {"type": "number"},
+    },
+    "gateway_state": {"wait_drained": {"type": "number", "minimum": 0}},
 }
+
+MEDIA = {"metrics": "text/plain", "triplets.batch": "application/x-ndjson"}
+"""Routes whose 200 is not JSON."""
 
 ERROR = {
     "type": "object",
@@ -122,6 +132,10 @@ def document(routes: Iterable[HttpRoute]) -> dict[str, Any]:
                 "required": True,
                 "content": {"application/json": {"schema": {"type": "object"}}},
             }
+        if route.name in MEDIA:
+            op["responses"]["200"]["content"] = {MEDIA[route.name]: {"schema": {"type": "string"}}}
+        if route.method == "HEAD":  # no body, whatever the status
+            op["responses"] = {"200": {"description": "OK"}, "default": {"description": "An error"}}
         if route.method in ("POST", "PATCH") and route.name.endswith(
             (".enqueue", ".start", ".add", ".put", ".events", ".grade")
         ):
