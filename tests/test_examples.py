@@ -118,6 +118,7 @@ async def runner(client: AglLiteClient, stop: asyncio.Event) -> None:
 class Setup:
     url: str
     store: Store
+    upstream: str
 
 
 @pytest.fixture
@@ -130,15 +131,16 @@ async def setup(gateway_factory: GatewayFactory, tmp_path: Path) -> AsyncIterato
             addons=sqlite_options(tmp_path / "s.db"),
         ) as gw,
     ):
-        yield Setup(gateway_url(gw), store_of(gw))
+        yield Setup(gateway_url(gw), store_of(gw), upstream)
 
 
 async def test_the_training_loop_sketch_runs(
     setup: Setup, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    monkeypatch.setenv("AGL_URL", setup.url)
+    monkeypatch.setenv("VLLM_URL", setup.upstream)  # the weight sync registers the endpoint it keeps serving
     namespace: dict[str, Any] = {"__name__": "docs_client_sketch"}
     exec(compile(sketch(), str(DOC), "exec"), namespace)
-    monkeypatch.setenv("AGL_URL", setup.url)
     stop = asyncio.Event()
     async with AglLiteClient(setup.url, ADMIN_KEY, retry=FAST) as client:
         agents = asyncio.ensure_future(runner(client, stop))
@@ -155,5 +157,7 @@ async def test_the_training_loop_sketch_runs(
         assert not (await client.gateway_state()).paused
     calls = await setup.store.calls(rollouts[0].id)
     assert len(calls) == 2
+    versions = {c.model_version for r in rollouts for c in await setup.store.calls(r.id)}
+    assert versions == {None, "step-1"}  # step 2's calls ran after the first sync
     assert calls[1].prompt_token_ids is not None
     assert len(calls[1].choices[0].token_ids) > 0

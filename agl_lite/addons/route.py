@@ -2,7 +2,13 @@
 
 Chooses the order to try upstreams in (round robin, least in-flight, or sticky by rollout for prefix-cache
 locality), cools down upstreams that keep failing, and answers `GET /v1/models`. Sets `route.model`,
-`route.requested_model`, `route.backend`; the core does the forwarding and the before-first-byte retries.
+`route.requested_model`, `route.backend`, `route.model_version`; the core does the forwarding and the
+before-first-byte retries.
+
+Models registered in the store (`POST /api/models`: name → endpoints + version, what a weight sync writes) are
+served beside `routes.toml`: a registered name that `routes.toml` also routes keeps its aliases, backend and
+strategy and takes the registered endpoints and version; any other registered name is a new vLLM route. The store
+tells this addon of each registration before it answers the POST, so every call after it goes to the new version.
 """
 
 from __future__ import annotations
@@ -21,7 +27,10 @@ from yarl import URL
 from agl_lite.core.config import GatewayConfig, load_toml, option, parse_dataclass
 from agl_lite.core.flow import Flow, UpstreamTarget, json_response
 from agl_lite.core.routes import RouteKind, model_api_routes
+from agl_lite.core.services import LoadContext
 from agl_lite.errors import BadRequest, ConfigError, ModelNotFound
+from agl_lite.store.base import STORE, Store
+from agl_lite.store.records import ModelRecord
 
 __all__ = ["ModelRoute", "Route", "RoutesFile", "Strategy", "UpstreamSpec", "load_routes"]
 
@@ -53,6 +62,10 @@ class ModelRoute:
         Strategy.STICKY, "Upstream choice: `round_robin`, `least_inflight` or `sticky`."
     )
     upstreams: tuple[UpstreamSpec, ...] = option((), "Servers of this model, tried in strategy order.")
+    version: str = option(
+        "",
+        "Model version recorded with every call (empty: none), until a registration in the store sets one.",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +141,7 @@ class _ModelState:
     name: str
     route: ModelRoute
     upstreams: list[_UpstreamState]
+    version: str | None = None
     counter: itertools.count[int] = field(default_factory=itertools.count)
 
     def order(self, rollout_id: str | None) -> list[_UpstreamState]:
@@ -171,19 +185,56 @@ class Route:
         self._by_name: dict[str, _ModelState] = {}
         self._created = int(time.time())
         self._models_body: dict[str, Any] = {}
+        self._ctx: LoadContext | None = None
+        self._store: Store | None = None
+        self._options = Route.Options()
+        self._file = ""
+
+    def load(self, ctx: LoadContext) -> None:
+        self._ctx = ctx
 
     def configure(self, config: GatewayConfig, options: Route.Options) -> None:
         if options.cooldown_s < 0 or options.failures_to_cool < 1:
             raise ConfigError(
                 f"{config.source}: addons.route.cooldown_s must be >= 0 and failures_to_cool >= 1"
             )
-        routes = load_routes(str(config.routes_path))
+        self._options, self._file = options, str(config.routes_path)
+        routes = load_routes(self._file)
         self._by_name = {}
         for name, model in routes.models.items():
-            ups = [self._upstream(name, spec, options, str(config.routes_path)) for spec in model.upstreams]
-            state = _ModelState(name, model, ups)
+            ups = [self._upstream(name, spec, options, self._file) for spec in model.upstreams]
+            state = _ModelState(name, model, ups, model.version or None)
             for public in (name, *model.aliases):
                 self._by_name[public] = state
+        self._refresh_models_body()
+        self._store = self._ctx.services.get(STORE) if self._ctx is not None else None
+        if self._store is not None:
+            self._store.on_model_change(self.apply_registration)
+
+    async def running(self) -> None:
+        """Apply the models registered in the store before this start (a restart keeps the synced version)."""
+        if self._store is not None:
+            for record in await self._store.models():
+                self.apply_registration(record)
+
+    def apply_registration(self, record: ModelRecord) -> None:
+        """Route `record.name` to its registered endpoints and stamp its version on the calls that follow."""
+        state = self._by_name.get(record.name)
+        if state is None:
+            route = ModelRoute(
+                upstreams=tuple(UpstreamSpec(base_url=e, served_model=record.name) for e in record.endpoints)
+            )
+            state = self._by_name[record.name] = _ModelState(record.name, route, [])
+        template = state.route.upstreams[0] if state.route.upstreams else UpstreamSpec()
+        specs = [
+            UpstreamSpec(e, template.served_model or state.name, template.api_key_env, template.api_key)
+            for e in record.endpoints
+        ]
+        state.upstreams = [self._upstream(state.name, spec, self._options, self._file) for spec in specs]
+        state.version = record.version
+        self._refresh_models_body()
+
+    def _refresh_models_body(self) -> None:
         self._models_body = {
             "object": "list",
             "data": [
@@ -254,3 +305,4 @@ class Route:
         flow.metadata["route.model"] = state.name
         flow.metadata["route.requested_model"] = requested
         flow.metadata["route.backend"] = state.route.backend
+        flow.metadata["route.model_version"] = state.version

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 
 import structlog
 
 __all__ = ["configure_logging"]
+
+
+class _Stderr:
+    """`sys.stderr` as it is when a line is written (tests and embedding programs swap it), and a stream that
+    closed drops the line instead of failing the request that logged it: logging never breaks a flow."""
+
+    def write(self, text: str) -> int:
+        try:
+            return sys.stderr.write(text)
+        except (ValueError, OSError):
+            return 0
+
+    def flush(self) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            sys.stderr.flush()
 
 
 def configure_logging(level: str = "info", fmt: str = "console") -> None:
@@ -25,7 +41,7 @@ def configure_logging(level: str = "info", fmt: str = "console") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(

@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
         --seed) SEED="$2"; shift 2 ;;
         --wrong-rate) WRONG_RATE="$2"; shift 2 ;;
         --workdir) WORKDIR="$2"; shift 2 ;;
-        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -107,7 +107,7 @@ aliases = ["gpt-4.1"]
 backend = "vllm"
 upstreams = [{ base_url = "$UPSTREAM", served_model = "$SERVED" }]
 EOF
-CHAIN='"store", "auth", "store_api", "control", "metrics", "route", "capture", "tokens", "sink"'
+CHAIN='"store", "auth", "store_api", "control", "metrics", "route", "anthropic", "capture", "tokens", "sink"'
 RUNNER_CFG=""
 if [ "$RUNNER" = local ]; then
     CHAIN="$CHAIN, \"runner\""
