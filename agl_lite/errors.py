@@ -9,6 +9,7 @@
         ├── Forbidden           403 forbidden
         ├── NotFound            404 not_found (ModelNotFound: 404 model_not_found)
         ├── MethodNotAllowed    405 method_not_allowed
+        ├── RequestTimeout      408 request_timeout (a body slower than server.body_timeout_s)
         ├── Conflict            409 conflict (an illegal state transition, a cap reached)
         ├── PayloadTooLarge     413 payload_too_large
         ├── TooManyRequests     429 rate_limited
@@ -36,6 +37,7 @@ __all__ = [
     "ModelNotFound",
     "NotFound",
     "PayloadTooLarge",
+    "RequestTimeout",
     "ServiceUnavailable",
     "TooManyRequests",
     "Unauthorized",
@@ -100,6 +102,11 @@ class ModelNotFound(NotFound):
 class MethodNotAllowed(HttpError):
     status = 405
     type = "method_not_allowed"
+
+
+class RequestTimeout(HttpError):
+    status = 408
+    type = "request_timeout"
 
 
 class Conflict(HttpError):

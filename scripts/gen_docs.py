@@ -14,6 +14,7 @@ from agl_lite.core import config, hooks
 from agl_lite.core.registry import ADDONS, resolve_addon
 from agl_lite.core.routes import HttpRoute
 from agl_lite.core.server import CORE_ROUTES
+from agl_lite.runner.k8s.options import K8sOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,6 +89,7 @@ SECTIONS = {
     "routes-file": routes_file,
     "http-routes": http_routes,
     "api-bodies": api_bodies,
+    "k8s-options": lambda: config.reference_markdown(K8sOptions),
 }
 
 MARKER = re.compile(r"(<!-- BEGIN GENERATED: ([\w-]+) -->\n)(.*?)(<!-- END GENERATED: \2 -->)", re.S)

@@ -78,8 +78,8 @@ class Auth:
         principal = identify(self.admin_key, key)
         if principal is None:
             raise Unauthorized("invalid API key")
-        flow.metadata["auth.role"] = principal.role
         if principal.role is KeyRole.ADMIN:
+            flow.metadata["auth.role"] = principal.role
             return
         if route.scope is Scope.ADMIN:
             raise Forbidden(f"{route.method} {route.path} needs the admin key")
@@ -92,3 +92,6 @@ class Auth:
                 await self.store.agent_gate(rollout_id, flow.request.path_params["attempt_id"])
             elif await self.store.rollout_status(rollout_id) is not RolloutStatus.RUNNING:
                 raise Forbidden(f"rollout {rollout_id!r} is not running: its grader key no longer works")
+        # Only now: a refused flow must leave no trace (capture records only flows with a role), least of all an
+        # `llm_call` event in a rollout that has ended or that the key does not belong to.
+        flow.metadata["auth.role"] = principal.role

@@ -1,8 +1,9 @@
-"""Control: pause and resume LLM calls around a weight sync, and report in-flight calls (DESIGN.md §6).
+"""Control: pause and resume LLM calls around a weight sync, cap and report in-flight calls (DESIGN.md §6).
 
 A paused gateway holds new LLM calls until resume (bounded, then 503) or rejects them (429); the API is never
 paused. Held calls are not in flight, so a drain (`GET /api/gateway/state?wait_drained=S`) cannot deadlock.
-Sets `control.held_s` on calls it held and `control.rejected` ("paused" | "hold_timeout") on calls it refused.
+Past `max_in_flight` LLM calls, a new one gets 503 + Retry-After at once (never queued). Sets `control.held_s`
+on calls it held and `control.rejected` ("paused" | "hold_timeout" | "hold_full" | "busy") on calls it refused.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import parse_qs
 
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.flow import Flow, json_response
@@ -25,7 +26,10 @@ from agl_lite.core.routes import HttpRoute, RouteKind, Scope
 from agl_lite.core.services import METRICS_REGISTRY, LoadContext, Services
 from agl_lite.errors import BadRequest, ConfigError, ServiceUnavailable, TooManyRequests
 
-__all__ = ["Control", "PauseMode"]
+__all__ = ["MAX_HOLD_S", "Control", "PauseMode"]
+
+MAX_HOLD_S = 3600
+"""Longest hold a pause may ask for, in seconds (the bound the OpenAPI document states for `hold_timeout_s`)."""
 
 
 class PauseMode(StrEnum):
@@ -65,6 +69,17 @@ class Control:
         )
         retry_after_s: int = option(10, "Retry-After, in seconds, sent with the 429 (reject) and 503 (hold).")
         max_wait_s: float = option(600.0, "Upper bound on `?wait_drained=S`, in seconds.")
+        max_in_flight: int = option(
+            2048,
+            "Most LLM calls in flight at once, all keys together (as many as `upstream.max_connections`, so none "
+            "waits for a connection); past it a call gets 503 + Retry-After at once (never queued). 0: no cap.",
+        )
+        max_held: int = option(
+            4096, "Most LLM calls held by a pause at once; past it a call gets 503 + Retry-After at once."
+        )
+        busy_retry_after_s: int = option(
+            1, "Retry-After, in seconds, sent with the 503 of a call over the cap."
+        )
 
     def __init__(self, options: Control.Options | None = None) -> None:
         self.options = options or Control.Options()
@@ -73,10 +88,13 @@ class Control:
         self.hold_timeout_s: float | None = None
         self.paused_since: float | None = None
         self.held = 0
+        self.refused_busy = 0
+        """LLM calls refused because `max_in_flight` were in flight."""
         self._admitted: set[int] = set()
         self._resumed = asyncio.Event()
         self._tick: asyncio.Event | None = None
         self._services: Services | None = None
+        self._busy_counter: Counter | None = None
 
     @property
     def in_flight(self) -> int:
@@ -89,6 +107,8 @@ class Control:
             "mode": self.mode,
             "hold_timeout_s": self.hold_timeout_s,
             "in_flight": self.in_flight,
+            "max_in_flight": self.options.max_in_flight or None,
+            "refused_busy": self.refused_busy,
             "held": self.held,
             "paused_since": self.paused_since,
         }
@@ -110,9 +130,18 @@ class Control:
         if options is not None:  # None when added as an instance (tests): keep the constructor's
             self.options = options
         o = self.options
-        if not (o.hold_timeout_s >= 0 and o.retry_after_s >= 0 and o.max_wait_s >= 0):
+        values = (
+            o.hold_timeout_s,
+            o.retry_after_s,
+            o.max_wait_s,
+            o.max_in_flight,
+            o.max_held,
+            o.busy_retry_after_s,
+        )
+        if not all(v >= 0 for v in values):  # (a NaN fails too)
             raise ConfigError(
-                f"{config.source}: addons.control: hold_timeout_s, retry_after_s and max_wait_s must be >= 0"
+                f"{config.source}: addons.control: hold_timeout_s, retry_after_s, max_wait_s, max_in_flight, "
+                "max_held and busy_retry_after_s must be >= 0"
             )
         # Looked up here, not in load: the metrics addon may come later in the chain.
         registry = self._services.get(METRICS_REGISTRY) if self._services is not None else None
@@ -125,12 +154,25 @@ class Control:
                 "LLM calls held by a pause, waiting for resume.",
                 registry=registry,
             ).set_function(lambda: float(self.held))
+            Gauge(
+                "agl_gateway_in_flight_requests",
+                "LLM calls admitted by control and not done (what max_in_flight caps).",
+                registry=registry,
+            ).set_function(lambda: float(self.in_flight))
+            self._busy_counter = Counter(
+                "agl_gateway_busy_refusals",
+                "LLM calls refused with 503 because max_in_flight calls were in flight.",
+                registry=registry,
+            )
 
     async def request(self, flow: Flow) -> None:
         route = flow.route
         if route.kind is RouteKind.LLM:
             if self.paused:
                 await self._gate(flow)
+            cap = self.options.max_in_flight
+            if cap and len(self._admitted) >= cap:
+                self._refuse_busy(flow, cap)
             self._admitted.add(flow.id)
             self._changed()
         elif route.name == "gateway_pause":
@@ -148,6 +190,17 @@ class Control:
 
     # --- internals -------------------------------------------------------------------------------------------
 
+    def _refuse_busy(self, flow: Flow, cap: int) -> None:
+        """503 at once: a queue here would only move the overload into memory and into every caller's latency."""
+        flow.metadata["control.rejected"] = "busy"
+        self.refused_busy += 1
+        if self._busy_counter is not None:
+            self._busy_counter.inc()
+        raise ServiceUnavailable(
+            f"the gateway has {cap} LLM calls in flight, its limit (addons.control.max_in_flight); retry later",
+            headers={"Retry-After": str(self.options.busy_retry_after_s)},
+        )
+
     async def _gate(self, flow: Flow) -> None:
         """Hold or reject a call while paused; returns once it may go on (resumed within its bound)."""
         loop = asyncio.get_running_loop()
@@ -163,6 +216,12 @@ class Control:
                 flow.metadata["control.rejected"] = "hold_timeout"
                 raise ServiceUnavailable(
                     "the gateway stayed paused longer than the hold timeout", headers=retry
+                )
+            if self.held >= self.options.max_held:
+                flow.metadata["control.rejected"] = "hold_full"
+                raise ServiceUnavailable(
+                    f"the gateway is paused and holds {self.held} calls, its limit (addons.control.max_held)",
+                    headers=retry,
                 )
             resumed = self._resumed
             self.held += 1
@@ -189,9 +248,17 @@ class Control:
             mode = PauseMode(body.get("mode", PauseMode.HOLD))
         except (ValueError, TypeError):
             raise BadRequest("mode must be 'hold' or 'reject'", param="mode") from None
-        timeout = body.get("hold_timeout_s", self.options.hold_timeout_s)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 <= timeout < math.inf:
-            raise BadRequest("hold_timeout_s must be a finite number >= 0", param="hold_timeout_s")
+        timeout = body.get("hold_timeout_s")
+        if timeout is None:
+            timeout = self.options.hold_timeout_s
+        elif (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 <= timeout <= MAX_HOLD_S
+        ):
+            raise BadRequest(
+                f"hold_timeout_s must be a number from 0 to {MAX_HOLD_S}", param="hold_timeout_s"
+            )
         if not self.paused:
             self.paused, self.paused_since = True, time.time()
         elif mode is not self.mode:

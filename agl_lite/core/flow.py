@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from multidict import CIMultiDict
 from yarl import URL
 
+from agl_lite.core import json_limits
 from agl_lite.errors import BadRequest, HttpError
 
 if TYPE_CHECKING:
@@ -88,10 +89,7 @@ class Request:
         if not self._json_loaded:
             if not self.body:
                 raise BadRequest("request body is empty; a JSON body is required")
-            try:
-                self._json = json.loads(self.body)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+            self._json = json_limits.loads(self.body)
             self._json_loaded = True
         return self._json
 

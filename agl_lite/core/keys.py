@@ -43,7 +43,11 @@ def derive_key(admin_key: str, rollout_id: str, role: KeyRole = KeyRole.AGENT) -
 
 def identify(admin_key: str, presented: str) -> Principal | None:
     """The principal a presented key proves, or None for a key that is not valid."""
-    if hmac.compare_digest(presented.encode(), admin_key.encode()):
+    try:
+        raw = presented.encode()
+    except UnicodeEncodeError:  # a header of undecodable bytes (aiohttp keeps them as surrogates) is no key
+        return None
+    if hmac.compare_digest(raw, admin_key.encode()):
         return Principal(KeyRole.ADMIN)
     head, _, rest = presented.partition(".")
     rollout_id, _, sig = rest.rpartition(".")

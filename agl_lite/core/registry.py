@@ -19,9 +19,11 @@ ADDONS: dict[str, str] = {
     "metrics": "agl_lite.addons.metrics:Metrics",
     "control": "agl_lite.addons.control:Control",
     "route": "agl_lite.addons.route:Route",
+    "anthropic": "agl_lite.addons.anthropic:Anthropic",
     "capture": "agl_lite.addons.capture:Capture",
     "tokens": "agl_lite.addons.tokens:Tokens",
     "sink": "agl_lite.addons.sink:Sink",
+    "runner": "agl_lite.addons.runner:AgentRunner",
 }
 """Short name → import string of every built-in addon."""
 

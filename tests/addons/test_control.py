@@ -192,6 +192,97 @@ def test_negative_option_stops_start_up() -> None:
         Control().configure(GatewayConfig(), Control.Options(hold_timeout_s=-1))
 
 
+@pytest.mark.parametrize("field", ["max_in_flight", "max_held", "busy_retry_after_s"])
+def test_negative_in_flight_cap_option_stops_start_up(field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        Control().configure(GatewayConfig(), Control.Options(**{field: -1}))
+
+
+async def test_call_over_the_in_flight_cap_gets_503_with_retry_after_at_once() -> None:
+    control = Control(Control.Options(max_in_flight=2, busy_retry_after_s=2))
+    first, second, third = llm_flow(), llm_flow(), llm_flow()
+    await control.request(first)
+    await control.request(second)
+    with pytest.raises(ServiceUnavailable) as info:
+        await control.request(third)
+    assert info.value.headers == {"Retry-After": "2"}
+    assert "max_in_flight" in info.value.message
+    assert third.metadata["control.rejected"] == "busy"
+    control.flow_done(third)  # a refused call was never in flight
+    assert (control.in_flight, control.refused_busy) == (2, 1)
+
+
+async def test_a_call_done_frees_its_place_under_the_cap() -> None:
+    control = Control(Control.Options(max_in_flight=1))
+    first, second = llm_flow(), llm_flow()
+    await control.request(first)
+    control.flow_done(first)
+    await control.request(second)
+    assert (control.in_flight, control.refused_busy) == (1, 0)
+
+
+async def test_without_a_cap_any_number_of_calls_is_admitted() -> None:
+    control = Control(Control.Options(max_in_flight=0))
+    for _ in range(3000):
+        await control.request(llm_flow())
+    assert (control.in_flight, control.refused_busy) == (3000, 0)
+
+
+async def test_the_default_cap_is_the_upstream_connection_pool() -> None:
+    control = Control()
+    for _ in range(2048):
+        await control.request(llm_flow())
+    with pytest.raises(ServiceUnavailable):
+        await control.request(llm_flow())
+
+
+async def test_a_pause_holds_at_most_max_held_calls_and_answers_the_next_503_at_once() -> None:
+    control = Control(Control.Options(max_held=2))
+    await pause(control)
+    held = [asyncio.create_task(control.request(llm_flow())) for _ in range(2)]
+    await control.wait_until(lambda c: c.held == 2, timeout=5)
+    extra = llm_flow()
+    with pytest.raises(ServiceUnavailable) as info:
+        await control.request(extra)
+    assert (info.value.headers, extra.metadata["control.rejected"]) == ({"Retry-After": "10"}, "hold_full")
+    await call(control, "POST", "/api/gateway/resume")
+    await asyncio.wait_for(asyncio.gather(*held), 5)
+    assert (control.held, control.in_flight) == (0, 2)
+
+
+async def test_the_cap_never_refuses_api_routes() -> None:
+    control = Control(Control.Options(max_in_flight=1))
+    await control.request(llm_flow())
+    state = answer(await call(control, "GET", "/api/gateway/state"))
+    assert (state["in_flight"], state["max_in_flight"], state["refused_busy"]) == (1, 1, 0)
+    assert answer(await pause(control))["paused"] is True
+
+
+async def test_held_calls_are_not_counted_by_the_cap_and_resume_into_it() -> None:
+    control = Control(Control.Options(max_in_flight=1))
+    await pause(control)
+    held = [asyncio.create_task(control.request(llm_flow())) for _ in range(3)]
+    await control.wait_until(lambda c: c.held == 3, timeout=5)
+    assert control.in_flight == 0
+    await call(control, "POST", "/api/gateway/resume")
+    results = await asyncio.wait_for(asyncio.gather(*held, return_exceptions=True), 5)
+    refused = [r for r in results if isinstance(r, ServiceUnavailable)]
+    assert (len(refused), control.in_flight, control.refused_busy) == (2, 1, 2)
+
+
+async def test_in_flight_gauge_and_busy_counter_are_published() -> None:
+    ctx, registry = LoadContext(), CollectorRegistry()
+    control = Control(Control.Options(max_in_flight=1))
+    ctx.services.provide(METRICS_REGISTRY, registry, by="test")
+    control.load(ctx)
+    control.configure(GatewayConfig(), None)
+    await control.request(llm_flow())
+    with pytest.raises(ServiceUnavailable):
+        await control.request(llm_flow())
+    assert registry.get_sample_value("agl_gateway_in_flight_requests") == 1.0
+    assert registry.get_sample_value("agl_gateway_busy_refusals_total") == 1.0
+
+
 async def test_paused_and_held_gauges_are_published_on_the_metrics_registry() -> None:
     ctx, registry, control = LoadContext(), CollectorRegistry(), Control()
     ctx.services.provide(METRICS_REGISTRY, registry, by="test")
@@ -310,6 +401,35 @@ async def test_bad_pause_request_is_a_400_json_error(setup: Setup) -> None:
         assert r.status == 400
         assert (await r.json())["error"]["type"] == "invalid_request"
     assert (await setup.state())["paused"] is False
+
+
+async def test_call_over_the_in_flight_cap_is_a_503_json_error_and_never_reaches_the_upstream(
+    gateway_factory: GatewayFactory,
+) -> None:
+    mock, control = MockVLLM(("smollm2",)), Control(Control.Options(max_in_flight=2))
+    mock.enqueue(Scenario(stall_after=1), times=2)
+    async with (
+        running_mock(mock) as url,
+        gateway_factory({"smollm2": [url]}, extra_addons=[control]) as gw,
+        openai.AsyncOpenAI(base_url=gateway_url(gw) + "/v1", api_key=ADMIN_KEY, max_retries=0) as sdk,
+    ):
+        streams = [
+            await sdk.chat.completions.create(model="smollm2", messages=MESSAGES, stream=True)
+            for _ in range(2)
+        ]
+        await mock.wait_until(lambda m: m.stalled_streams == 2)
+        with pytest.raises(openai.InternalServerError) as info:
+            await sdk.chat.completions.create(model="smollm2", messages=MESSAGES)
+        assert info.value.status_code == 503
+        assert info.value.response.headers["Retry-After"] == "1"
+        assert info.value.response.json()["error"]["type"] == "service_unavailable"
+        assert mock.requests_total == 2
+        for stream in streams:
+            await stream.close()
+        await control.wait_until(lambda c: c.in_flight == 0, timeout=5)
+        completion = await sdk.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=3)
+        assert completion.choices
+    assert control.refused_busy == 1
 
 
 async def test_pause_needs_the_admin_key(setup: Setup) -> None:

@@ -1,0 +1,52 @@
+"""How deeply a request's JSON may nest: one bound for every body the gateway parses (LLM calls through
+`Request.json`, the store API through its payload models), and the LLM calls' parse itself.
+
+Why: a body that parses can still fail later — orjson, which the store serialises with, stops at 254 levels, and
+the stdlib parser recurses until Python's own limit — and then it fails after the upstream answered (a captured
+call the store cannot hold) or after the store took the write (a 500). Refusing it up front with a 400 keeps
+"bad input changes nothing". Must not do I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agl_lite.errors import BadRequest
+
+__all__ = ["MAX_JSON_DEPTH", "check_json_depth", "loads"]
+
+MAX_JSON_DEPTH = 128
+"""Most nested arrays/objects a request body may hold (the store wraps bodies in a few levels of its own)."""
+
+
+def loads(body: bytes) -> Any:
+    """The body as Python (and so vLLM) reads it — `NaN`, integers of any size, lone surrogates included — within
+    the depth bound; any problem is a 400 that says which."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    except RecursionError:  # thousands of nested brackets: the parser's own stack gave up
+        raise BadRequest(f"request body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    check_json_depth(obj, body)
+    return obj
+
+
+def check_json_depth(obj: Any, body: bytes, limit: int = MAX_JSON_DEPTH) -> None:
+    """400 when `obj` (parsed from `body`) nests deeper than `limit`.
+
+    A body with fewer than `limit` brackets cannot nest that deep: counted in C, that skips the walk for almost
+    every request, so the LLM hot path pays two byte scans.
+    """
+    if body.count(b"{") + body.count(b"[") <= limit:
+        return
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            raise BadRequest(f"request body nests deeper than {limit} levels")
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
