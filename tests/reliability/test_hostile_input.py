@@ -137,7 +137,7 @@ def config_documents(draw: st.DrawFn) -> dict[str, Any]:
     return doc
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(doc=config_documents())
 def test_any_config_document_loads_or_is_a_config_error_naming_the_problem(doc: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -189,7 +189,7 @@ def _json_bytes(value: Any) -> bytes:
 
 @pytest.mark.parametrize("route", sorted(BODIES))
 @settings(
-    max_examples=150,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
