@@ -26,7 +26,7 @@ from agl_lite.store.base import RolloutSpec
 from agl_lite.store.records import AttemptStatus, Rollout, RolloutConfig, RolloutStatus
 from agl_lite.testing import MockVLLM, running_mock
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
-from tests.runner.agents import GRADED_AGENT, GRADER, SH_AGENT
+from tests.runner.agents import GRADED_AGENT, GRADER, SH_AGENT, RunnerHarness
 from tests.runner.probe import Probe, exited, kill_group, running_probe
 
 CAPTURE_CHAIN = ("store", "auth", "store_api", "route", "capture", "sink")
@@ -55,25 +55,13 @@ def hanging_agent(probe: Probe) -> list[str]:
 
 
 @dataclass
-class Setup:
+class Setup(RunnerHarness):
     gateway: Gateway
     client: AglLiteClient
     mock: MockVLLM
     dir: Path
 
-    def script(self, name: str, text: str) -> str:
-        path = self.dir / name
-        path.write_text(text)
-        return str(path)
-
-    async def enqueue(self, specs: Sequence[RolloutSpec]) -> list[str]:
-        return [r.id for r in await self.client.enqueue(specs)]
-
-    async def wait(self, ids: Sequence[str], timeout: float = 120.0) -> dict[str, Rollout]:
-        """Until every rollout in `ids` is terminal; the bound is generous: a loaded machine is slow."""
-        result = await self.client.wait(ids, timeout, poll_s=timeout)
-        assert result.pending == []
-        return {r.id: r for r in result.rollouts}
+    wait_s = 120.0
 
 
 @pytest.fixture

@@ -1,5 +1,39 @@
 """Agent and grader scripts the runner tests of both backends run: plain programs with only the agent contract's
-env, as users write them (sh + curl is the "any language" case)."""
+env, as users write them (sh + curl is the "any language" case); and the harness methods both tests' setups share."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from agl_lite.client import AglLiteClient
+from agl_lite.store.base import RolloutSpec
+from agl_lite.store.records import Rollout
+
+
+class RunnerHarness:
+    """Scripts on disk, enqueue and wait, for a setup dataclass with `client` and `dir` fields."""
+
+    client: AglLiteClient
+    dir: Path
+    wait_s: float = 30.0
+    """How long `wait` allows by default: generous, a loaded machine is slow."""
+
+    def script(self, name: str, text: str) -> str:
+        path = self.dir / name
+        path.write_text(text)
+        return str(path)
+
+    async def enqueue(self, specs: Sequence[RolloutSpec]) -> list[str]:
+        return [r.id for r in await self.client.enqueue(specs)]
+
+    async def wait(self, ids: Sequence[str], timeout: float | None = None) -> dict[str, Rollout]:
+        """Until every rollout in `ids` is terminal."""
+        timeout = self.wait_s if timeout is None else timeout
+        result = await self.client.wait(ids, timeout, poll_s=timeout)
+        assert result.pending == []
+        return {r.id: r for r in result.rollouts}
+
 
 SH_AGENT = """
 set -eu

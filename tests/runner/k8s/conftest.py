@@ -19,11 +19,12 @@ from agl_lite.core.server import Gateway
 from agl_lite.runner.k8s import K8sBackend
 from agl_lite.service import running_gateway
 from agl_lite.store.base import RolloutSpec
-from agl_lite.store.records import Rollout, RolloutConfig
+from agl_lite.store.records import RolloutConfig
 from agl_lite.testing import MockVLLM, running_mock
 from agl_lite.testing.gateway import write_config
 from agl_lite.testing.k8s import FakeK8s, FakeK8sConfig, Timings, running_fake_k8s
 from tests.conftest import ADMIN_KEY, gateway_url
+from tests.runner.agents import RunnerHarness
 
 NAMESPACE = "agents"
 CAPTURE_CHAIN = ("store", "auth", "store_api", "route", "capture", "sink")
@@ -60,24 +61,13 @@ async def mock_url() -> AsyncIterator[str]:
 
 
 @dataclass
-class Setup:
+class Setup(RunnerHarness):
     gateway: Gateway
     client: AglLiteClient
     cluster: FakeK8s
     dir: Path
 
-    def script(self, name: str, text: str) -> str:
-        path = self.dir / name
-        path.write_text(text)
-        return str(path)
-
-    async def enqueue(self, specs: Sequence[RolloutSpec]) -> list[str]:
-        return [r.id for r in await self.client.enqueue(specs)]
-
-    async def wait(self, ids: Sequence[str], timeout: float = 30.0) -> dict[str, Rollout]:
-        result = await self.client.wait(ids, timeout, poll_s=timeout)
-        assert result.pending == []
-        return {r.id: r for r in result.rollouts}
+    wait_s = 30.0
 
     def jobs(self) -> list[dict[str, Any]]:
         return self.cluster.objects("jobs", NAMESPACE)
