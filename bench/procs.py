@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-__all__ = ["BenchError", "Children", "Placement", "free_port", "http_get", "pinned"]
+__all__ = ["BenchError", "Children", "Placement", "bench_main", "free_port", "http_get", "pinned", "process_frame"]
 
 
 class BenchError(RuntimeError):
@@ -201,12 +201,20 @@ def bench_main(
     if hey is None:
         print(f"{name}: {missing}", file=sys.stderr)
         return 2
+    return process_frame(name, lambda a, tmp: run(a, hey, tmp), args, tmp_prefix)
+
+
+def process_frame(
+    name: str, run: Callable[[argparse.Namespace, Path], int], args: argparse.Namespace, tmp_prefix: str
+) -> int:
+    """Run `run(args, tmp)` with every child stopped on any exit (Ctrl-C, SIGTERM, SIGHUP, errors) and the temp
+    dir removed unless --keep-logs; returns the exit status."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
     tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix))
     try:
-        return run(args, hey, tmp)
+        return run(args, tmp)
     except BenchError as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 1

@@ -15,10 +15,7 @@ import argparse
 import asyncio
 import os
 import secrets
-import shutil
-import signal
 import sys
-import tempfile
 import time
 import types
 from pathlib import Path
@@ -29,6 +26,7 @@ sys.path.insert(0, str(ROOT))  # the engine lives beside the CI test that runs i
 sys.modules["tests"] = types.ModuleType("tests")
 sys.modules["tests"].__path__ = [str(ROOT / "tests")]
 
+from procs import process_frame  # noqa: E402
 from report import machine  # noqa: E402
 
 from tests.reliability.fault_load import Cycle, run_faults  # noqa: E402
@@ -115,10 +113,6 @@ async def run(args: argparse.Namespace, tmp: Path) -> int:
     return 1 if failed else 0
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -135,17 +129,7 @@ def main() -> int:
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--keep-logs", action="store_true", help="keep the store and the config")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, _interrupt)  # so that the gateway child is killed on the way out
-    tmp = Path(tempfile.mkdtemp(prefix="agl-soak-"))
-    try:
-        return asyncio.run(run(args, tmp))
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        if args.keep_logs:
-            print(f"kept in {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    return process_frame("soak", lambda a, tmp: asyncio.run(run(a, tmp)), args, "agl-soak-")
 
 
 if __name__ == "__main__":
