@@ -23,7 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-__all__ = ["BenchError", "Children", "Placement", "bench_main", "free_port", "http_get", "pinned", "process_frame"]
+__all__ = [
+    "BenchError",
+    "Children",
+    "Placement",
+    "bench_main",
+    "free_port",
+    "http_get",
+    "pinned",
+    "process_frame",
+]
 
 
 class BenchError(RuntimeError):
