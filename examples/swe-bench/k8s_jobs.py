@@ -12,7 +12,6 @@ is sent anywhere; review the YAML, or check it against a cluster with `kubectl a
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -28,8 +27,8 @@ from loader import TaskOptions, load_instances, rollout_spec
 from agl_lite.core.config import load_config
 from agl_lite.errors import ConfigError
 from agl_lite.runner.base import RunnerSettings
-from agl_lite.runner.k8s.manifest import LaunchSpec, build_job
-from agl_lite.runner.k8s.options import grader_template, job_template, parse_k8s_options
+from agl_lite.runner.k8s.manifest import build_job, launch_spec
+from agl_lite.runner.k8s.options import parse_k8s_options
 from agl_lite.runner.plan import resolve
 from agl_lite.store.api import agent_env, grader_env
 from agl_lite.store.records import Rollout
@@ -73,27 +72,13 @@ def render(
         rid = "ro-" + re.sub(r"[^a-z0-9-]", "-", instance.instance_id.lower())
         rollout = Rollout(rid, spec.input, config=spec.config, metadata=spec.metadata)
         plan = resolve(settings, rollout)
-        # As the controller builds its LaunchSpec (agl_lite/runner/k8s/backend.py).
-        template = job_template(options, plan.overrides)
-        if "command" not in (plan.overrides.get("k8s") or {}) and (
-            plan.overrides.get("command") is not None or not template.command
-        ):
-            template = dataclasses.replace(template, command=plan.command)
-        template = dataclasses.replace(template, env={**template.env, **plan.env})
-        grader = grader_template(options, plan.grader, plan.grader_command) if plan.grading else None
-        timeout = plan.timeout_s
-        if timeout is not None and grader is not None and plan.grader_timeout_s:
-            timeout += plan.grader_timeout_s
-        launch = LaunchSpec(
-            rollout_id=rid,
-            max_attempts=plan.max_attempts,
-            env=agent_env(public_url, KEY_PLACEHOLDER, rollout, "$(AGL_ATTEMPT_ID)"),
-            timeout_s=timeout,
-            grader_env=grader_env(public_url, KEY_PLACEHOLDER, rollout, "$(AGL_ATTEMPT_ID)")
-            if grader
-            else None,
-            grader=grader,
-            template=template,
+        # Exactly as the controller builds it (agl_lite/runner/k8s/backend.py).
+        launch = launch_spec(
+            options,
+            plan,
+            rid,
+            agent_env(public_url, KEY_PLACEHOLDER, rollout, "$(AGL_ATTEMPT_ID)"),
+            grader_env(public_url, KEY_PLACEHOLDER, rollout, "$(AGL_ATTEMPT_ID)"),
         )
         jobs[instance.instance_id] = build_job(launch, options)
     return jobs
