@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import queue
 import sqlite3
+import sys
 import threading
+import time
 import zlib
 from array import array
 from collections.abc import Callable
@@ -75,8 +77,22 @@ MIGRATIONS: list[str] = [
     ) WITHOUT ROWID;
     CREATE TABLE models (name TEXT PRIMARY KEY, body BLOB NOT NULL);
     """,
+    # v2: a captured call is one row, its token ids included (one INSERT and two b-trees per call where v1 had four
+    # and five); its prompt refers to an earlier sequence by ref (`_SLOTS`). `_migrate_v2` moves v1's calls.
+    """
+    CREATE TABLE calls_v2 (
+        seq INTEGER PRIMARY KEY, id TEXT NOT NULL, rollout_id TEXT, attempt_id TEXT, order_key INTEGER NOT NULL,
+        prompt_parent INTEGER, prompt_shared INTEGER NOT NULL, prompt_tail BLOB, choice_meta BLOB NOT NULL,
+        choice_ids BLOB NOT NULL, logprobs BLOB, body BLOB NOT NULL
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+_SLOTS = 1024
+"""A token sequence is referred to as `ref = call seq * _SLOTS + slot`: slot 0 is the call's prompt, slot c + 1 the
+prompt followed by choice c's completion (choices past `_SLOTS - 2` are stored, but no later prompt refers to them)."""
+_NO_LOGPROBS = 0xFFFFFFFF
 
 _COMPRESS_OVER = (
     8192  # bytes; smaller bodies are stored as plain JSON (compressing them costs more than it saves)
@@ -96,12 +112,69 @@ def _rollout_row(r: Rollout) -> tuple[Any, ...]:
     return (r.id, r.enqueue_seq, r.status.value, r.mode, r.group_id, r.completion_seq, _dump(r.to_json()))
 
 
+def _seq_row(ref: int, row: tuple[Any, ...]) -> SeqRow:
+    """Sequence `ref` as `parent[:parent_len] + tail`, from its call's row (prompt_parent, prompt_shared,
+    prompt_tail, choice_meta, choice_ids)."""
+    parent, shared, tail, meta_blob, ids_blob = row
+    seq, slot = divmod(ref, _SLOTS)
+    if slot == 0:
+        return SeqRow(parent, shared, unpack(tail or b""))
+    meta = unpack(meta_blob)
+    at = sum(meta[k + 1] for k in range(0, 3 * (slot - 1), 3))
+    ids = unpack(ids_blob)[at : at + meta[3 * (slot - 1) + 1]]
+    return SeqRow(seq * _SLOTS, sys.maxsize, ids)  # the whole prompt, then the completion
+
+
+def _migrate_v2(conn: sqlite3.Connection) -> None:
+    """Move v1's calls (`calls`, `call_choices`, `token_seqs`) into v2's one row per call, prefix sharing redone."""
+
+    def load_v1(seq_id: int) -> SeqRow:
+        parent, parent_len, tail = conn.execute(
+            "SELECT parent, parent_len, tail FROM token_seqs WHERE id = ?", (seq_id,)
+        ).fetchone()
+        return SeqRow(parent, parent_len, unpack(tail))
+
+    index = PrefixIndex()
+    repo = SQLiteRepo(conn, index, "calls_v2")
+    memo: dict[int, array[int]] = {}
+    rows = conn.execute("SELECT id, prompt_seq, body FROM calls ORDER BY rowid").fetchall()
+    for call_id, prompt_seq, body in rows:
+        if len(memo) > 10_000:
+            memo.clear()
+        prompt = resolve(prompt_seq, load_v1, memo) if prompt_seq is not None else None
+        ids, lps = [], []
+        for seq, logprobs in conn.execute(
+            "SELECT seq, logprobs FROM call_choices WHERE call_id = ? ORDER BY idx", (call_id,)
+        ).fetchall():
+            full = resolve(seq, load_v1, memo) if seq is not None else array("I")
+            ids.append(array("I", full[len(prompt) :]) if prompt is not None and seq is not None else full)
+            lp = None
+            if logprobs is not None:
+                lp = array("f")
+                lp.frombytes(logprobs)
+            lps.append(lp)
+        repo.add_call(codec.call_from_json(_load(body), prompt, ids, lps))
+        for scope, ref, seq_ids in repo.end_op(True):
+            index.add(scope, ref, seq_ids)
+    for statement in (
+        "DROP TABLE call_choices",
+        "DROP TABLE calls",
+        "DROP TABLE token_seqs",
+        "ALTER TABLE calls_v2 RENAME TO calls",
+        "CREATE INDEX calls_rollout ON calls (rollout_id, order_key)",
+    ):
+        conn.execute(statement)
+
+
 class SQLiteRepo:
     """Row access on one connection. The writer's instance also maintains the prefix index."""
 
-    def __init__(self, conn: sqlite3.Connection, index: PrefixIndex | None = None) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, index: PrefixIndex | None = None, calls_table: str = "calls"
+    ) -> None:
         self.conn = conn
         self.index = index
+        self.calls_table = calls_table
         self._pending: list[tuple[str, int, array[int]]] = []  # index entries of the running operation
 
     # --- operation boundaries (writer only) ----------------------------------------------------------------------
@@ -196,66 +269,77 @@ class SQLiteRepo:
 
     # --- calls and token ids -------------------------------------------------------------------------------------
 
-    def _store_seq(self, scope: str | None, ids: array[int], parent: tuple[int, int] | None) -> int:
-        """Insert a sequence as `parent[:shared] + tail`; `parent` defaults to the index's best candidate."""
-        if parent is None and scope is not None and self.index is not None:
-            parent = self.index.best_parent(scope, ids)
-        parent_id, shared = parent if parent is not None else (None, 0)
-        cur = self.conn.execute(
-            "INSERT INTO token_seqs (parent, parent_len, tail) VALUES (?, ?, ?)",
-            (parent_id, shared, pack(ids[shared:] if shared else ids)),
-        )
-        seq_id = int(cur.lastrowid or 0)
-        if scope is not None:
-            self._pending.append((scope, seq_id, ids))
-        return seq_id
-
     def add_call(self, call: LLMCall) -> None:
+        """One INSERT. The prompt is stored as `parent[:shared] + tail`, the parent being the earlier sequence of
+        the same attempt (a prompt, or a prompt and a completion) that shares the longest prefix with it."""
         scope = f"{call.rollout_id}/{call.attempt_id}" if call.rollout_id is not None else None
         prompt = call.prompt_token_ids
-        prompt_seq = self._store_seq(scope, prompt, None) if prompt is not None else None
-        self.conn.execute(
-            "INSERT INTO calls (id, rollout_id, attempt_id, order_key, prompt_seq, body) VALUES (?, ?, ?, ?, ?, ?)",
+        parent: int | None = None
+        shared = 0
+        tail: bytes | None = None
+        if prompt is not None:
+            if scope is not None and self.index is not None:
+                best = self.index.best_parent(scope, prompt)
+                if best is not None:
+                    parent, shared = best
+            tail = pack(prompt[shared:] if shared else prompt)
+        meta = array("I")
+        ids = array("I")
+        lps: array[float] | None = None
+        for choice in call.choices:
+            meta.append(choice.index)
+            meta.append(len(choice.token_ids))
+            ids.extend(choice.token_ids)
+            if choice.logprobs is None:
+                meta.append(_NO_LOGPROBS)
+            else:
+                meta.append(len(choice.logprobs))
+                if lps is None:
+                    lps = array("f")
+                lps.extend(choice.logprobs)
+        cur = self.conn.execute(
+            "INSERT INTO "
+            + self.calls_table
+            + " (id, rollout_id, attempt_id, order_key, prompt_parent, prompt_shared,"
+            " prompt_tail, choice_meta, choice_ids, logprobs, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 call.id,
                 call.rollout_id,
                 call.attempt_id,
                 call.order_key,
-                prompt_seq,
+                parent,
+                shared,
+                tail,
+                pack(meta),
+                pack(ids),
+                lps.tobytes() if lps is not None else None,
                 _dump(codec.call_to_json(call)),
             ),
         )
-        for choice in call.choices:
-            seq: int | None = None
-            if prompt_seq is not None and prompt is not None and scope is None:
-                # unattributed: nothing will share this sequence, so only its tail is built
-                cur = self.conn.execute(
-                    "INSERT INTO token_seqs (parent, parent_len, tail) VALUES (?, ?, ?)",
-                    (prompt_seq, len(prompt), pack(choice.token_ids)),
-                )
-                seq = int(cur.lastrowid or 0)
-            elif prompt_seq is not None and prompt is not None:
-                full = array("I", prompt)  # the whole sequence: a later prompt of this attempt may extend it
+        if scope is not None and prompt is not None:
+            base = int(cur.lastrowid or 0) * _SLOTS
+            pending = self._pending
+            pending.append((scope, base, prompt))
+            for slot, choice in enumerate(call.choices[: _SLOTS - 1], 1):
+                full = array("I", prompt)  # a later prompt of this attempt may extend prompt + completion
                 full.extend(choice.token_ids)
-                seq = self._store_seq(scope, full, (prompt_seq, len(prompt)))
-            elif choice.token_ids:
-                seq = self._store_seq(None, choice.token_ids, None)
-            lps = choice.logprobs.tobytes() if choice.logprobs is not None else None
-            self.conn.execute(
-                "INSERT INTO call_choices (call_id, idx, seq, logprobs) VALUES (?, ?, ?, ?)",
-                (call.id, choice.index, seq, lps),
-            )
+                pending.append((scope, base + slot, full))
 
-    def _load_seq(self, seq_id: int) -> SeqRow:
-        parent, parent_len, tail = self.conn.execute(
-            "SELECT parent, parent_len, tail FROM token_seqs WHERE id = ?", (seq_id,)
+    def _load_seq(self, ref: int) -> SeqRow:
+        """The stored form of a sequence: its parent, the length shared with it, and its own tail."""
+        row = self.conn.execute(
+            "SELECT prompt_parent, prompt_shared, prompt_tail, choice_meta, choice_ids FROM calls WHERE seq = ?",
+            (ref // _SLOTS,),
         ).fetchone()
-        return SeqRow(parent, parent_len, unpack(tail))
+        return _seq_row(ref, row)
 
     def calls(
         self, rollout_id: str | None, attempt_id: str | None, after_order_key: int, limit: int
     ) -> list[LLMCall]:
-        sql = "SELECT id, prompt_seq, body FROM calls WHERE rollout_id IS ? AND order_key > ?"
+        sql = (
+            "SELECT seq, prompt_parent, prompt_shared, prompt_tail, choice_meta, choice_ids, logprobs, body"
+            " FROM calls WHERE rollout_id IS ? AND order_key > ?"
+        )
         args: list[Any] = [rollout_id, after_order_key]
         if attempt_id is not None:
             sql += " AND attempt_id = ?"
@@ -263,27 +347,36 @@ class SQLiteRepo:
         rows = self.conn.execute(sql + " ORDER BY order_key LIMIT ?", (*args, limit)).fetchall()
         memo: dict[int, array[int]] = {}
         out = []
-        for call_id, prompt_seq, body in rows:
-            prompt = resolve(prompt_seq, self._load_seq, memo) if prompt_seq is not None else None
-            ids, lps = [], []
-            for seq, logprobs in self.conn.execute(
-                "SELECT seq, logprobs FROM call_choices WHERE call_id = ? ORDER BY idx", (call_id,)
-            ):
-                full = resolve(seq, self._load_seq, memo) if seq is not None else array("I")
-                ids.append(
-                    array("I", full[len(prompt) :]) if prompt is not None and seq is not None else full
-                )
-                lp = None
-                if logprobs is not None:
-                    lp = array("f")
-                    lp.frombytes(logprobs)
-                lps.append(lp)
+        for seq, parent, _shared, tail, meta_blob, ids_blob, lps_blob, body in rows:
+            prompt: array[int] | None = None
+            if tail is not None:
+                prompt = resolve(seq * _SLOTS, self._load_seq, memo) if parent is not None else unpack(tail)
+            meta = unpack(meta_blob)
+            all_ids = unpack(ids_blob)
+            all_lps = array("f")
+            if lps_blob is not None:
+                all_lps.frombytes(lps_blob)
+            ids: list[array[int]] = []
+            lps: list[array[float] | None] = []
+            at = lp_at = 0
+            for k in range(0, len(meta), 3):
+                n, n_lp = meta[k + 1], meta[k + 2]
+                ids.append(all_ids[at : at + n])
+                at += n
+                if n_lp == _NO_LOGPROBS:
+                    lps.append(None)
+                else:
+                    lps.append(all_lps[lp_at : lp_at + n_lp])
+                    lp_at += n_lp
             out.append(codec.call_from_json(_load(body), prompt, ids, lps))
         return out
 
     def token_bytes(self) -> int:
         """Bytes of packed token ids stored (for the storage test and the docs)."""
-        return int(self.conn.execute("SELECT COALESCE(SUM(LENGTH(tail)), 0) FROM token_seqs").fetchone()[0])
+        row = self.conn.execute(
+            "SELECT COALESCE(SUM(LENGTH(prompt_tail)), 0) + COALESCE(SUM(LENGTH(choice_ids)), 0) FROM calls"
+        ).fetchone()
+        return int(row[0])
 
     # --- resources and models ------------------------------------------------------------------------------------
 
@@ -335,10 +428,31 @@ def _connect(path: str, synchronous: str) -> sqlite3.Connection:
 
 
 _Item = tuple[Callable[[SQLiteRepo], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
+_CHECKPOINT = "checkpoint"
+_Job = list[_Item] | str | None
+
+CHECKPOINT_EVERY = 256
+"""Commits of the writer on the loop between two WAL checkpoints (about what SQLite's own 1000-page default gives)."""
+LOCK_WAIT_S = 10.0
+"""How long the writer thread waits for a database locked by another process before it fails the writes (503)."""
+
+
+class _Locked(Exception):
+    """Another connection holds the database's write lock."""
 
 
 class SQLiteStore(Store):
-    """`await SQLiteStore.open(path)`; writes go through one thread in batches of up to `batch` operations."""
+    """`await SQLiteStore.open(path)`. One writer with group commit: the writes made during one event-loop iteration
+    commit together, in one transaction of up to `batch` operations.
+
+    With `synchronous = "NORMAL"` (the default) a commit is a write into the WAL, without fsync, so the transaction
+    runs right on the loop, where the writes were made: no thread hand-off, and no GIL convoy. (A writer thread
+    behind a busy loop waits for the GIL after every SQLite call, up to the 5 ms switch interval each time: that made
+    commits take 14-30 ms with 32 calls in flight.) The writer thread does what must not stall the loop: every
+    transaction under `synchronous = "FULL"` (an fsync per commit), a batch that found the database locked by another
+    process (it waits up to `LOCK_WAIT_S`, the writes made meanwhile queue behind it), and the WAL checkpoints (they
+    fsync; on their own connection, without blocking the writer).
+    """
 
     def __init__(
         self,
@@ -353,14 +467,25 @@ class SQLiteStore(Store):
         self.path = str(path)
         self.synchronous = synchronous
         self.batch = batch
-        self._queue: queue.Queue[list[_Item] | None] = queue.Queue()
+        self._inline = synchronous != "FULL"
+        self._queue: queue.Queue[_Job] = queue.Queue()
         self._queue_size = queue_size
         self._pending: list[_Item] = []
-        self._submitted = 0  # writes handed over (the loop's count; `ops` is the writer's: no shared counter)
+        # Counters with one writer each, so that no update is lost between the loop and the thread.
+        self._submitted = 0  # writes made (the loop's)
+        self._handed = 0  # batches handed to the writer thread (the loop's)
+        self._thread_done = 0  # batches the writer thread finished (the thread's)
+        self._checkpoints_asked = 0  # (the loop's)
+        self._checkpoints_done = 0  # (the thread's)
+        self._since_checkpoint = 0
+        self._lock = (
+            threading.Lock()
+        )  # one transaction at a time on the writer's connection; `ops`, `commits`
         self._writer: threading.Thread | None = None
         self._local = threading.local()
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agl-sqlite-read")
         self._index = PrefixIndex()
+        self._repo: SQLiteRepo  # the writer's, on the writer connection (`open`)
         self.commits = 0
         self.ops = 0
 
@@ -368,6 +493,7 @@ class SQLiteStore(Store):
     async def open(cls, path: str | Path, **kwargs: Any) -> SQLiteStore:
         store = cls(path, **kwargs)
         await asyncio.to_thread(store._prepare)
+        store._repo = SQLiteRepo(store._conn, store._index)
         store._writer = threading.Thread(target=store._write_loop, name="agl-sqlite-writer", daemon=True)
         store._writer.start()
         return store
@@ -376,6 +502,7 @@ class SQLiteStore(Store):
         try:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             self._conn = _connect(self.path, self.synchronous)
+            self._conn.execute("PRAGMA busy_timeout = 0")  # a locked database goes to the thread (`_begin`)
             version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
         except sqlite3.Error as exc:
             raise ConfigError(f"cannot open the store {self.path}: {exc}") from exc
@@ -384,11 +511,23 @@ class SQLiteStore(Store):
                 f"the store {self.path} has schema version {version}, newer than this agl-lite ({SCHEMA_VERSION})"
             )
         for target in range(version + 1, SCHEMA_VERSION + 1):
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._conn.executescript(
-                MIGRATIONS[target - 1].replace("\n    ", "\n") + f"\nPRAGMA user_version = {target};"
-            )
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in MIGRATIONS[target - 1].split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                if target == 2:
+                    _migrate_v2(conn)
+                conn.execute(f"PRAGMA user_version = {target}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
             log.info("store schema migrated", path=self.path, version=target)
+        if self._inline:
+            # Checkpoints run on the writer thread, off the loop (see `_maybe_checkpoint`).
+            self._conn.execute("PRAGMA wal_autocheckpoint = 0")
 
     @property
     def queue_depth(self) -> int:
@@ -411,10 +550,34 @@ class SQLiteStore(Store):
         return await fut
 
     def _flush(self) -> None:
-        """Hand this loop iteration's writes to the writer at once: one wake-up of its thread, not one per write."""
+        """Commit this loop iteration's writes: here, or on the writer thread when it must or is busy (order kept)."""
         batch, self._pending = self._pending, []
-        if batch:
-            self._queue.put_nowait(batch)
+        while batch:
+            chunk, batch = batch[: self.batch], batch[self.batch :]
+            if not (
+                self._inline and self._handed == self._thread_done and self._lock.acquire(blocking=False)
+            ):
+                self._hand_over(chunk)
+                continue
+            try:
+                committed = self._commit_batch(chunk, wait=False)
+            finally:
+                self._lock.release()
+            if not committed:
+                self._hand_over(chunk)
+                continue
+            self._since_checkpoint += 1
+            if (
+                self._since_checkpoint >= CHECKPOINT_EVERY
+                and self._checkpoints_asked == self._checkpoints_done
+            ):
+                self._since_checkpoint = 0
+                self._checkpoints_asked += 1
+                self._queue.put_nowait(_CHECKPOINT)
+
+    def _hand_over(self, batch: list[_Item]) -> None:
+        self._handed += 1
+        self._queue.put_nowait(batch)
 
     async def _read(self, fn: Callable[[SQLiteRepo], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._readers, self._run_read, fn)
@@ -430,13 +593,22 @@ class SQLiteStore(Store):
             repo.conn.execute("COMMIT")
 
     def _write_loop(self) -> None:
-        repo = SQLiteRepo(self._conn, self._index)
+        checkpointer: sqlite3.Connection | None = None
         stop = False
         while not stop:
-            item = self._queue.get()
-            if item is None:
-                return
-            batch = item
+            job = self._queue.get()
+            if job is None:
+                break
+            if isinstance(job, str):
+                if checkpointer is None:
+                    checkpointer = _connect(self.path, self.synchronous)
+                try:
+                    checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:
+                    log.warning("WAL checkpoint failed", error=repr(exc))
+                self._checkpoints_done += 1
+                continue
+            batch, handed = job, 1
             while len(batch) < self.batch:
                 try:
                     nxt = self._queue.get_nowait()
@@ -445,16 +617,33 @@ class SQLiteStore(Store):
                 if nxt is None:
                     stop = True
                     break
+                if isinstance(nxt, str):
+                    self._queue.put_nowait(nxt)  # after this batch
+                    break
                 batch += nxt
-            self._commit_batch(repo, batch)
+                handed += 1
+            with self._lock:
+                self._commit_batch(batch, wait=True)
+            self._thread_done += handed
+        if checkpointer is not None:
+            checkpointer.close()
 
-    def _commit_batch(self, repo: SQLiteRepo, batch: list[_Item]) -> None:
-        """Run a batch in one transaction. The store's rules raise an HttpError only before an operation's first
-        write (they validate first), so a rejected operation leaves nothing to undo and needs no savepoint. Any
-        other failure rolls the batch back and runs its operations again one transaction each, so only the
-        failing one fails."""
+    def _commit_batch(self, batch: list[_Item], *, wait: bool) -> bool:
+        """Run a batch in one transaction and settle its futures; False if the database was locked and `wait` is
+        False (nothing was done). The store's rules raise an HttpError only before an operation's first write (they
+        validate first), so a rejected operation leaves nothing to undo and needs no savepoint. Any other failure
+        rolls the batch back and runs its operations again one transaction each, so only the failing one fails."""
+        repo = self._repo
         try:
-            results, added = self._run_batch(repo, batch)
+            results, added = self._run_batch(repo, batch, wait)
+        except _Locked:
+            if not wait:
+                return False
+            log.error("store database locked by another connection", path=self.path, waited_s=LOCK_WAIT_S)
+            locked = ServiceUnavailable(
+                "the store's database is locked by another process; retry later", headers={"Retry-After": "1"}
+            )
+            results, added = [(fut, loop, None, locked) for _, fut, loop in batch], []
         except sqlite3.Error as exc:
             log.warning(
                 "store batch failed; retrying its writes one by one", error=repr(exc), size=len(batch)
@@ -462,8 +651,8 @@ class SQLiteStore(Store):
             results, added = [], []
             for item in batch:
                 try:
-                    one, one_added = self._run_batch(repo, [item])
-                except sqlite3.Error as exc_one:
+                    one, one_added = self._run_batch(repo, [item], True)
+                except (sqlite3.Error, _Locked) as exc_one:
                     log.error("store commit failed", error=repr(exc_one))
                     one = [(item[1], item[2], None, InternalError("the store could not commit the write"))]
                     one_added = []
@@ -471,25 +660,48 @@ class SQLiteStore(Store):
                 added += one_added
         self.commits += 1
         self.ops += len(batch)
-        for scope, seq_id, ids in added:
-            self._index.add(scope, seq_id, ids)
+        for scope, ref, ids in added:
+            self._index.add(scope, ref, ids)
         by_loop: dict[
             asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, BaseException | None]]
         ] = {}
         for fut, loop, value, error in results:
             by_loop.setdefault(loop, []).append((fut, value, error))
-        for loop, settled in by_loop.items():  # one hand-off per batch, not one per write
-            loop.call_soon_threadsafe(_settle_all, settled)
+        running = asyncio._get_running_loop()
+        for loop, settled in by_loop.items():  # one hand-off per batch and loop, not one per write
+            if loop is running:
+                _settle_all(settled)
+            else:
+                loop.call_soon_threadsafe(_settle_all, settled)
+        return True
+
+    def _begin(self, wait: bool) -> None:
+        """BEGIN IMMEDIATE; a database locked by another connection raises `_Locked`, at once or after waiting."""
+        deadline: float | None = None
+        while True:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                    raise
+            if not wait:
+                raise _Locked
+            now = time.monotonic()
+            deadline = deadline or now + LOCK_WAIT_S
+            if now >= deadline:
+                raise _Locked
+            time.sleep(0.005)
 
     def _run_batch(
-        self, repo: SQLiteRepo, batch: list[_Item]
+        self, repo: SQLiteRepo, batch: list[_Item], wait: bool
     ) -> tuple[
         list[tuple[asyncio.Future[Any], asyncio.AbstractEventLoop, Any, BaseException | None]], list[Any]
     ]:
         results: list[tuple[asyncio.Future[Any], asyncio.AbstractEventLoop, Any, BaseException | None]] = []
         added: list[tuple[str, int, array[int]]] = []
         conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
+        self._begin(wait)
         try:
             for fn, fut, loop in batch:
                 try:
@@ -514,7 +726,7 @@ class SQLiteStore(Store):
 
     async def close(self) -> None:
         if self._writer is not None:
-            self._flush()  # writes of this loop iteration not handed over yet go first
+            self._flush()  # writes of this loop iteration not committed yet go first
             self._queue.put(None)
             await asyncio.to_thread(self._writer.join)
             self._writer = None

@@ -10,6 +10,7 @@ import sys
 from array import array
 from pathlib import Path
 
+import orjson
 import pytest
 
 from agl_lite.errors import ConfigError, Conflict
@@ -171,5 +172,81 @@ async def test_sigkill_loses_no_acknowledged_write(tmp_path: Path, trial: int) -
     try:
         present = {e.data for e in await store.events("r", limit=100_000)}
         assert set(acked) <= present
+    finally:
+        await store.close()
+
+
+V1_CALL_ROWS = """
+INSERT INTO token_seqs (id, parent, parent_len, tail) VALUES (1, NULL, 0, ?);
+INSERT INTO token_seqs (id, parent, parent_len, tail) VALUES (2, 1, 20, ?);
+INSERT INTO token_seqs (id, parent, parent_len, tail) VALUES (3, 2, 23, ?);
+INSERT INTO token_seqs (id, parent, parent_len, tail) VALUES (4, 3, 25, ?);
+"""
+
+
+async def test_a_v1_store_is_migrated_with_its_calls(tmp_path: Path) -> None:
+    """Schema v1 kept token sequences in their own table; v2 keeps them in the call's row. A v1 file (written here
+    the way v1 wrote it: turn 1's prompt, prompt + completion, then turn 2's prompt extending it, and its
+    completion) opens with every call's ids and logprobs intact."""
+    from agl_lite.store.codec import call_to_json
+    from agl_lite.store.sqlite import MIGRATIONS
+    from agl_lite.store.tokens import pack
+
+    db = tmp_path / "v1.db"
+    prompt1, completion1 = list(range(100, 120)), [1, 2, 3]
+    prompt2 = [*prompt1, *completion1, 7, 8]
+    completion2 = [4, 5]
+    calls = [turn_call(1, prompt1, completion1), turn_call(2, prompt2, completion2)]
+    calls[1].choices[0].logprobs = array("f", [-0.5, -0.25])
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.executescript(MIGRATIONS[0] + "\nPRAGMA user_version = 1;")
+    tails = [prompt1, completion1, [7, 8], completion2]
+    for sql, tail in zip(V1_CALL_ROWS.strip().splitlines(), tails, strict=True):
+        conn.execute(sql, (pack(array("I", tail)),))
+    for call, prompt_seq, choice_seq in ((calls[0], 1, 2), (calls[1], 3, 4)):
+        conn.execute(
+            "INSERT INTO calls (id, rollout_id, attempt_id, order_key, prompt_seq, body) VALUES (?, ?, ?, ?, ?, ?)",
+            (call.id, "r", "a", call.order_key, prompt_seq, orjson.dumps(call_to_json(call))),
+        )
+        logprobs = call.choices[0].logprobs
+        conn.execute(
+            "INSERT INTO call_choices (call_id, idx, seq, logprobs) VALUES (?, 0, ?, ?)",
+            (call.id, choice_seq, logprobs.tobytes() if logprobs is not None else None),
+        )
+    conn.close()
+
+    store = await SQLiteStore.open(db)
+    try:
+        assert await store.calls("r") == calls
+        await store.add_call(turn_call(3, [*prompt2, *completion2, 9], [6]))
+        assert (await store.calls("r"))[2].prompt_token_ids == array("I", [*prompt2, *completion2, 9])
+    finally:
+        await store.close()
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert not tables & {"token_seqs", "call_choices", "calls_v2"}
+    conn.close()
+
+
+async def test_a_batch_that_finds_the_database_locked_waits_on_the_writer_thread(tmp_path: Path) -> None:
+    """The loop never waits for a lock: the batch goes to the writer thread, later writes queue behind it (in
+    order), and all commit once the other connection lets go."""
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        await store.enqueue([RolloutSpec(input=0, id="r")])
+        blocker = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        first = asyncio.ensure_future(store.add_events("r", [EventSpec("n", 1)]))
+        await asyncio.sleep(0)  # the first batch is tried on the loop and handed over
+        await asyncio.sleep(0)
+        second = asyncio.ensure_future(store.add_events("r", [EventSpec("n", 2)]))
+        done, _ = await asyncio.wait({first, second}, timeout=0.2)
+        assert not done  # the loop went on ...
+        assert store.queue_depth == 2  # ... and both writes wait
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        await asyncio.wait_for(asyncio.gather(first, second), 10)
+        assert [e.data for e in await store.events("r")] == [1, 2]
     finally:
         await store.close()
