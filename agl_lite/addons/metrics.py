@@ -2,25 +2,24 @@
 
 Counts every flow in `flow_done` (requests, durations, upstream errors, tokens from `capture.record`'s usage).
 Other addons add their own metrics to the registry it provides as the `metrics` service, without importing it.
+
+The per-flow counts are plain integers in dictionaries, turned into metric families only when scraped
+(`_FlowCounts`): prometheus-client's own metric objects take a lock and validate labels on every update, which
+cost 20-40 µs per flow on a small VM; prometheus-client still writes the exposition.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from bisect import bisect_left
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from multidict import CIMultiDict
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    ProcessCollector,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.flow import Flow, Response
@@ -37,6 +36,92 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 """Seconds: a cached API answer takes milliseconds, a long agentic generation minutes."""
 
 
+class _Histogram:
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(DURATION_BUCKETS) + 1)  # per bucket (not cumulative); the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(DURATION_BUCKETS, value)] += 1  # the first bound >= value: Prometheus's `le`
+        self.sum += value
+
+
+class _FlowCounts(Collector):
+    """What `flow_done` counts, as plain numbers; metric families are built from them at scrape time."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str, str], int] = {}
+        self.duration: dict[str, _Histogram] = {}
+        self.first_byte: dict[str, _Histogram] = {}
+        self.tokens: dict[tuple[str, str], int] = {}
+        self.upstream_errors: dict[tuple[str, str], int] = {}
+        self.in_flight = 0
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "agl_requests",
+            "Finished flows by route, status class and outcome.",
+            labels=["route", "status", "outcome"],
+        )
+        for labels, n in self.requests.items():
+            requests.add_metric(labels, n)
+        yield requests
+        yield _histogram(
+            "agl_request_duration_seconds",
+            "Time from request read to response end, by route.",
+            "route",
+            self.duration,
+        )
+        yield _histogram(
+            "agl_llm_time_to_first_byte_seconds",
+            "Time to the upstream's first body byte, by model.",
+            "model",
+            self.first_byte,
+        )
+        yield GaugeMetricFamily(
+            "agl_llm_in_flight",
+            "LLM calls past this addon's place in the chain, not yet done.",
+            self.in_flight,
+        )
+        tokens = CounterMetricFamily(
+            "agl_llm_tokens",
+            "Tokens the upstream reported in usage, by model and kind (prompt, completion).",
+            labels=["model", "kind"],
+        )
+        for token_labels, n in self.tokens.items():
+            tokens.add_metric(token_labels, n)
+        yield tokens
+        errors = CounterMetricFamily(
+            "agl_upstream_errors",
+            "Upstream failures (unreachable, timeout, reset) and 5xx answers, by model.",
+            labels=["model", "type"],
+        )
+        for error_labels, n in self.upstream_errors.items():
+            errors.add_metric(error_labels, n)
+        yield errors
+
+
+def _histogram(name: str, doc: str, label: str, values: dict[str, _Histogram]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=[label])
+    for value, h in values.items():
+        running, buckets = 0, []
+        for bound, n in zip((*DURATION_BUCKETS, float("inf")), h.counts, strict=True):
+            running += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
+        family.add_metric([value], buckets, h.sum)
+    return family
+
+
+def _bounded(counts: dict[Any, Any], key: Any) -> Any:
+    """`key`, or an `other` key once a family has _MAX_CHILDREN label sets (label values come from routes and
+    models, so they are bounded anyway: this is cheap insurance)."""
+    if key in counts or len(counts) < _MAX_CHILDREN:
+        return key
+    return "other" if isinstance(key, str) else ("other",) * len(key)
+
+
 class Metrics:
     # Public, as Prometheus scrapers expect: the route table is built before options are read, so the scope
     # cannot be an option yet. It shows counts, route and model names; never keys, rollout ids or bodies.
@@ -48,45 +133,9 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter(
-            "agl_requests",
-            "Finished flows by route, status class and outcome.",
-            ["route", "status", "outcome"],
-            registry=r,
-        )
-        self.duration = Histogram(
-            "agl_request_duration_seconds",
-            "Time from request read to response end, by route.",
-            ["route"],
-            buckets=DURATION_BUCKETS,
-            registry=r,
-        )
-        self.first_byte = Histogram(
-            "agl_llm_time_to_first_byte_seconds",
-            "Time to the upstream's first body byte, by model.",
-            ["model"],
-            buckets=DURATION_BUCKETS,
-            registry=r,
-        )
-        self.in_flight = Gauge(
-            "agl_llm_in_flight", "LLM calls past this addon's place in the chain, not yet done.", registry=r
-        )
-        self.tokens = Counter(
-            "agl_llm_tokens",
-            "Tokens the upstream reported in usage, by model and kind (prompt, completion).",
-            ["model", "kind"],
-            registry=r,
-        )
-        self.upstream_errors = Counter(
-            "agl_upstream_errors",
-            "Upstream failures (unreachable, timeout, reset) and 5xx answers, by model.",
-            ["model", "type"],
-            registry=r,
-        )
+        self.counts = _FlowCounts()
+        self.registry.register(self.counts)
         self._llm_flows: set[int] = set()
-        # Label children by their values: `labels()` validates, locks and builds a key on every call.
-        self._children: dict[tuple[object, ...], Any] = {}
         self._process_collector: ProcessCollector | None = None
 
     # --- hooks -----------------------------------------------------------------------------------------------
@@ -102,7 +151,7 @@ class Metrics:
         route = flow.route
         if route.kind is RouteKind.LLM:
             self._llm_flows.add(flow.id)
-            self.in_flight.inc()
+            self.counts.in_flight += 1
         elif route.name == "metrics":
             flow.response = Response(
                 status=200,
@@ -111,6 +160,7 @@ class Metrics:
             )
 
     def flow_done(self, flow: Flow) -> None:
+        counts = self.counts
         route = flow.route.name
         response = flow.response
         status = f"{response.status // 100}xx" if response is not None else "none"
@@ -120,19 +170,24 @@ class Metrics:
             outcome = "error"
         else:
             outcome = "ok"
-        self._child(self.requests, route, status, outcome).inc()
-        self._child(self.duration, route).observe((flow.t_end or time.monotonic()) - flow.t_start)
+        key = _bounded(counts.requests, (route, status, outcome))
+        counts.requests[key] = counts.requests.get(key, 0) + 1
+        _observe(counts.duration, route, (flow.t_end or time.monotonic()) - flow.t_start)
         if flow.id not in self._llm_flows:
             return
         self._llm_flows.discard(flow.id)
-        self.in_flight.dec()
+        counts.in_flight -= 1
         model = str(flow.metadata.get("route.model") or "unknown")
         if flow.t_first_byte is not None:
-            self._child(self.first_byte, model).observe(flow.t_first_byte - flow.t_start)
+            _observe(counts.first_byte, model, flow.t_first_byte - flow.t_start)
+        error_type: str | None = None
         if isinstance(flow.error, UpstreamError):
-            self.upstream_errors.labels(model, flow.error.type).inc()
+            error_type = flow.error.type
         elif response is not None and response.from_upstream and response.status >= 500:
-            self.upstream_errors.labels(model, f"http_{response.status}").inc()
+            error_type = f"http_{response.status}"
+        if error_type is not None:
+            key = _bounded(counts.upstream_errors, (model, error_type))
+            counts.upstream_errors[key] = counts.upstream_errors.get(key, 0) + 1
         self._count_tokens(flow, model)
 
     def _count_tokens(self, flow: Flow, model: str) -> None:
@@ -142,16 +197,19 @@ class Metrics:
         if not isinstance(usage, Mapping):
             return
         model = str(getattr(record, "model", None) or model)
+        tokens = self.counts.tokens
         for kind in ("prompt", "completion"):
             n = usage.get(f"{kind}_tokens")
             if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-                self._child(self.tokens, model, kind).inc(n)
+                key = _bounded(tokens, (model, kind))
+                tokens[key] = tokens.get(key, 0) + n
 
-    def _child(self, metric: Any, *values: str) -> Any:
-        key = (metric, *values)
-        child = self._children.get(key)
-        if child is None:
-            if len(self._children) >= _MAX_CHILDREN:  # label values come from routes and models: bounded, but
-                self._children.clear()  # a bound on the cache is cheap insurance
-            child = self._children[key] = metric.labels(*values)
-        return child
+
+def _observe(histograms: dict[str, _Histogram], label: str, value: float) -> None:
+    h = histograms.get(label)
+    if h is None:
+        label = _bounded(histograms, label)
+        h = histograms.get(label)
+        if h is None:
+            h = histograms[label] = _Histogram()
+    h.observe(value)

@@ -217,3 +217,19 @@ async def test_sink_publishes_queue_depth_and_commit_latency(gateway_factory: Ga
     assert "agl_store_write_queue_depth" in families
     (count,) = [s.value for s in families["agl_sink_commit_seconds"].samples if s.name.endswith("_count")]
     assert count == 1
+
+
+def test_durations_fall_in_prometheus_le_buckets() -> None:
+    """A duration equal to a bucket's bound counts in that bucket (`le`), one past it in the next."""
+    metrics = Metrics()
+    for seconds in (0.005, 0.0051, 1000.0):
+        flow = make_flow("GET", "/v1/models", routes=ROUTES)
+        flow.response = json_response(200, {})
+        flow.t_start, flow.t_end = 0.0, seconds
+        metrics.flow_done(flow)
+    assert sample(metrics, "agl_request_duration_seconds_bucket", route="models", le="0.005") == 1
+    assert sample(metrics, "agl_request_duration_seconds_bucket", route="models", le="0.01") == 2
+    assert sample(metrics, "agl_request_duration_seconds_bucket", route="models", le="600.0") == 2
+    assert sample(metrics, "agl_request_duration_seconds_bucket", route="models", le="+Inf") == 3
+    assert sample(metrics, "agl_request_duration_seconds_count", route="models") == 3
+    assert sample(metrics, "agl_request_duration_seconds_sum", route="models") == pytest.approx(1000.0101)
