@@ -24,6 +24,7 @@ from multidict import CIMultiDict
 from agl_lite.core.addons import AddonManager
 from agl_lite.core.config import GatewayConfig
 from agl_lite.core.flow import Flow, Request, Response, Transform, error_response, json_response
+from agl_lite.core.http1 import HttpResponse
 from agl_lite.core.routes import HttpRoute, RouteKind, RouteTable, Scope
 from agl_lite.core.sse import DoneDetector
 from agl_lite.core.upstream import Upstream, filter_headers, map_upstream_error
@@ -213,9 +214,7 @@ class Gateway:
         flow.bytes_to_client = len(response.body or b"")
         return out
 
-    async def _relay(
-        self, request: web.BaseRequest, flow: Flow, up: aiohttp.ClientResponse
-    ) -> web.StreamResponse:
+    async def _relay(self, request: web.BaseRequest, flow: Flow, up: HttpResponse) -> web.StreamResponse:
         ctype = up.headers.get("Content-Type", "")
         flow.response = response = Response(
             status=up.status,

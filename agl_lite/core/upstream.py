@@ -1,4 +1,5 @@
-"""Opening upstream responses: one ClientSession per process, explicit timeouts, hop-by-hop headers dropped.
+"""Opening upstream responses: one connection pool per process (`http1`), explicit timeouts, hop-by-hop headers
+dropped.
 
 `Upstream.open` tries the flow's targets in order and returns the first usable response; it retries only on
 connect failures and the configured statuses, i.e. always before any byte reached the client. It never reads
@@ -10,12 +11,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping
 
-import aiohttp
 import structlog
 from multidict import CIMultiDict
 
 from agl_lite.core.config import UpstreamConfig
 from agl_lite.core.flow import Flow, UpstreamTarget
+from agl_lite.core.http1 import ConnectError, ConnectionPool, HttpResponse
 from agl_lite.errors import UpstreamError, UpstreamTimeout
 
 __all__ = ["HOP_BY_HOP", "Upstream", "filter_headers", "map_upstream_error"]
@@ -55,41 +56,28 @@ def filter_headers(
 class Upstream:
     def __init__(self, config: UpstreamConfig) -> None:
         self.config = config
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: ConnectionPool | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
-            limit=self.config.max_connections,
-            limit_per_host=0,
+        self._pool = ConnectionPool(
+            max_connections=self.config.max_connections,
             keepalive_timeout=self.config.keepalive_timeout,
-            enable_cleanup_closed=False,
-        )
-        timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=None,
-            sock_connect=self.config.connect_timeout,
-            sock_read=self.config.read_timeout,
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=timeout,
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent",),
-            cookie_jar=aiohttp.DummyCookieJar(),
+            connect_timeout=self.config.connect_timeout,
+            read_timeout=self.config.read_timeout,
         )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
+    def pool(self) -> ConnectionPool:
+        if self._pool is None:
             raise RuntimeError("Upstream.start() was not awaited")
-        return self._session
+        return self._pool
 
-    async def open(self, flow: Flow) -> aiohttp.ClientResponse:
+    async def open(self, flow: Flow) -> HttpResponse:
         """The first usable upstream response for the flow; UpstreamError when every target failed."""
         targets = flow.upstreams
         client_headers = flow.request.headers.items()
@@ -105,10 +93,8 @@ class Upstream:
             if target.observer is not None:
                 target.observer.attempt_started(target)
             try:
-                resp = await self.session.request(
-                    flow.request.method, target.url, data=body, headers=headers, allow_redirects=False
-                )
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                resp = await self.pool.request(flow.request.method, target.url, headers, body)
+            except (TimeoutError, OSError) as exc:
                 last_error = map_upstream_error(exc, target.name)
                 self._ended(target, ok=False)
                 log.warning(
@@ -135,10 +121,10 @@ class Upstream:
 
 
 def map_upstream_error(exc: BaseException, name: str, *, mid_response: bool = False) -> UpstreamError:
-    """The agl-lite error for an aiohttp/OS failure talking to upstream `name` (no secrets in the message)."""
+    """The agl-lite error for a failure talking to upstream `name` (no secrets in the message)."""
     when = " mid-response" if mid_response else ""
-    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+    if isinstance(exc, asyncio.TimeoutError):
         return UpstreamTimeout(f"upstream {name} timed out{when}")
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, ConnectError):
         return UpstreamError(f"cannot connect to upstream {name}: {exc.os_error.strerror or exc.os_error}")
     return UpstreamError(f"upstream {name} failed{when}: {type(exc).__name__}")

@@ -365,6 +365,6 @@ async def test_a_failing_running_hook_stops_the_gateway_and_frees_its_port(tmp_p
     with pytest.raises(ConfigError, match="failed to start"):
         await gateway.start()
     assert addon.shut_down
-    assert gateway.upstream._session is None  # closed and dropped
+    assert gateway.upstream._pool is None  # closed and dropped
     with socket.socket() as probe:  # the port is free again: nothing is left listening
         probe.bind(("127.0.0.1", gateway.port))

@@ -1,14 +1,13 @@
-"""Upstream.open in isolation: the aiohttp client calls are faked with aioresponses (no sockets needed)."""
+"""Upstream.open against real local servers: failover, retryable statuses, timeouts, and the headers sent."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
-from typing import Any
 
-import aiohttp
 import pytest
-from aioresponses import aioresponses
+from aiohttp import web
 from yarl import URL
 
 from agl_lite.core.config import UpstreamConfig
@@ -16,17 +15,6 @@ from agl_lite.core.flow import Flow, UpstreamTarget
 from agl_lite.core.upstream import Upstream
 from agl_lite.errors import UpstreamError
 from agl_lite.testing.flows import make_flow
-
-A = "http://127.0.0.1:18001/v1/x"
-B = "http://127.0.0.1:18002/v1/x"
-
-
-class Response(aiohttp.ClientResponse):
-    """aioresponses 0.7.9 predates aiohttp 3.14's required `stream_writer` argument (its open issue #289)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("stream_writer", SimpleNamespace(output_size=0))
-        super().__init__(*args, **kwargs)
 
 
 class Observer:
@@ -42,10 +30,29 @@ class Observer:
 
 @pytest.fixture
 async def upstream() -> AsyncIterator[Upstream]:
-    up = Upstream(UpstreamConfig())
+    up = Upstream(UpstreamConfig(read_timeout=0.5))
     await up.start()
     yield up
     await up.close()
+
+
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on: connecting is refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1/x"
+
+
+async def serve(handler: web.Handler) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.router.add_route("*", "/v1/x", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}/v1/x"
 
 
 def flow_to(*urls: str, observer: Observer | None = None, headers: dict[str, str] | None = None) -> Flow:
@@ -55,36 +62,56 @@ def flow_to(*urls: str, observer: Observer | None = None, headers: dict[str, str
 
 
 async def test_connect_failure_moves_on_to_the_next_target(upstream: Upstream) -> None:
-    obs = Observer()
-    with aioresponses() as fake:
-        fake.get(A, exception=aiohttp.ClientConnectionError("refused"))
-        fake.get(B, status=200, body=b"ok", response_class=Response)
-        resp = await upstream.open(f := flow_to(A, B, observer=obs))
-        assert resp.status == 200
-    assert f.upstream is not None
-    assert f.upstream.name == B
-    assert obs.events == [("start", A, None), ("end", A, False), ("start", B, None)]
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(body=b"ok")
+
+    runner, b = await serve(ok)
+    a = closed_port_url()
+    try:
+        obs = Observer()
+        resp = await upstream.open(f := flow_to(a, b, observer=obs))
+        assert (resp.status, await resp.read()) == (200, b"ok")
+        assert f.upstream is not None
+        assert f.upstream.name == b
+        assert obs.events == [("start", a, None), ("end", a, False), ("start", b, None)]
+    finally:
+        await runner.cleanup()
 
 
 async def test_retryable_status_moves_on_but_not_past_the_last_target(upstream: Upstream) -> None:
-    with aioresponses() as fake:
-        fake.get(A, status=503, response_class=Response)
-        fake.get(B, status=503, body=b"busy too", response_class=Response)
-        resp = await upstream.open(flow_to(A, B))
+    async def busy(request: web.Request) -> web.Response:
+        return web.Response(status=503, body=b"busy " + request.host.encode())
+
+    runner_a, a = await serve(busy)
+    runner_b, b = await serve(busy)
+    try:
+        resp = await upstream.open(flow_to(a, b))
         assert resp.status == 503  # the last target's answer is relayed as it is
-        assert await resp.read() == b"busy too"
+        assert await resp.read() == f"busy {URL(b).host}:{URL(b).port}".encode()
+    finally:
+        await runner_a.cleanup()
+        await runner_b.cleanup()
 
 
 async def test_every_target_down_is_an_upstream_error(upstream: Upstream) -> None:
-    with aioresponses() as fake:
-        fake.get(A, exception=aiohttp.ClientConnectionError("refused"))
-        fake.get(B, exception=TimeoutError())
+    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # accepts, never answers
+    b = f"http://127.0.0.1:{silent.sockets[0].getsockname()[1]}/v1/x"
+    try:
         with pytest.raises(UpstreamError) as info:
-            await upstream.open(flow_to(A, B))
-    assert info.value.type == "upstream_timeout"
+            await upstream.open(flow_to(closed_port_url(), b))
+        assert info.value.type == "upstream_timeout"
+    finally:
+        silent.close()
 
 
 async def test_client_key_and_hop_by_hop_headers_never_go_upstream(upstream: Upstream) -> None:
+    seen: list[dict[str, str]] = []
+
+    async def record(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        return web.Response()
+
+    runner, url = await serve(record)
     headers = {
         "Authorization": "Bearer client-key",
         "x-api-key": "client-key",
@@ -92,11 +119,13 @@ async def test_client_key_and_hop_by_hop_headers_never_go_upstream(upstream: Ups
         "Accept-Encoding": "gzip",
         "X-Trace": "t1",
     }
-    f = flow_to(A, headers=headers)
-    f.upstreams[0].headers = {"Authorization": "Bearer upstream-key"}
-    with aioresponses() as fake:
-        fake.get(A, status=200, response_class=Response)
-        await upstream.open(f)
-        ((_, call),) = [(k, v[0]) for k, v in fake.requests.items()]
-    sent = dict(call.kwargs["headers"])
+    try:
+        f = flow_to(url, headers=headers)
+        f.upstreams[0].headers = {"Authorization": "Bearer upstream-key"}
+        resp = await upstream.open(f)
+        await resp.read()
+    finally:
+        await runner.cleanup()
+    (sent,) = seen
+    assert sent.pop("Host") == f"127.0.0.1:{URL(url).port}"
     assert sent == {"X-Trace": "t1", "Accept-Encoding": "identity", "Authorization": "Bearer upstream-key"}
