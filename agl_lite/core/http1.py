@@ -25,6 +25,7 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import Iterable
+from typing import cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -173,6 +174,7 @@ class _Connection(asyncio.Protocol):
         self._head_only = False
         self._ready: asyncio.Future[HttpResponse] | None = None
         self._body: Body | None = None
+        self._parts: list[bytes] = []  # body bytes of the current read
         self._paused = False
         self._last_read = 0.0
         self._read_timer: asyncio.TimerHandle | None = None
@@ -228,14 +230,15 @@ class _Connection(asyncio.Protocol):
     # --- asyncio.Protocol --------------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not subclasses)
 
     def data_received(self, data: bytes) -> None:
         self.received = True
         self._last_read = self.pool.loop.time()
         try:
             self.parser.feed_data(data)
+            if self._parts:
+                self._flush_parts()
         except httptools.HttpParserUpgrade:
             self.abort(ProtocolError("the upstream switched protocols"))
         except httptools.HttpParserError as exc:
@@ -293,12 +296,20 @@ class _Connection(asyncio.Protocol):
                 self.transport.close()
 
     def on_body(self, body: bytes) -> None:
+        self._parts.append(
+            body
+        )  # handed to the body once per read (a read holds many SSE events, one chunk each)
+
+    def _flush_parts(self) -> None:
+        parts, self._parts = self._parts, []
         if self._body is not None:
-            self._body._feed(body)
+            self._body._feed(parts[0] if len(parts) == 1 else b"".join(parts))
 
     def on_message_complete(self) -> None:
         if self._ready is not None:
             return  # the end of a 1xx: the final answer is still awaited
+        if self._parts:
+            self._flush_parts()
         body, self._body = self._body, None
         if self._read_timer is not None:
             self._read_timer.cancel()
