@@ -44,7 +44,14 @@ def run(config: ConfigOpt = Path("agl-lite.toml")) -> None:
     from agl_lite.service import serve
 
     try:
-        asyncio.run(serve(load_config(config)))
+        cfg = load_config(config)
+        loop_factory = None
+        if cfg.server.event_loop == "uvloop":
+            import uvloop
+
+            loop_factory = uvloop.new_event_loop
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(serve(cfg))
     except ConfigError as exc:
         _fail(str(exc))
 

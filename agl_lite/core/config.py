@@ -81,6 +81,10 @@ class ServerConfig:
         60.0, "Seconds a request's body may take to arrive once its headers are in; slower bodies get 408."
     )
     shutdown_timeout: float = option(10.0, "Seconds to let in-flight requests finish at shutdown.")
+    event_loop: Literal["uvloop", "asyncio"] = option(
+        "uvloop",
+        "`agl-lite run`'s event loop: `uvloop` (libuv; less CPU per request) or the standard `asyncio` loop.",
+    )
 
 
 @dataclass(frozen=True, slots=True)
