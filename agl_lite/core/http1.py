@@ -2,7 +2,7 @@
 
 Why not aiohttp's `ClientSession`, which the server side uses: on the hot path it is most of the gateway's CPU.
 Measured side by side on a 2-vCPU VM (`bench/`), c=32, against the bench's minimal upstream: ~300 µs of CPU per
-plain request and ~450 µs per 25-event stream for `ClientSession`, ~65 µs and ~200 µs for this client. What it
+plain request and ~450 µs per 25-event stream for `ClientSession`, ~75 µs and ~180 µs for this client. What it
 does is what a relay to an inference server needs and no more: one request per connection at a time, a body of
 bytes, `Content-Length`, chunked or read-until-close responses (llhttp, through `httptools`, decodes the framing),
 and:
