@@ -371,7 +371,8 @@ class ConnectionPool:
         if body or method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
             head.append(f"Content-Length: {len(body)}\r\n")
         head.append("\r\n")
-        request = "".join(head).encode("utf-8") + body
+        # Header values arrive decoded with surrogateescape (raw bytes that are not UTF-8): they leave as they came.
+        request = "".join(head).encode("utf-8", "surrogateescape") + body
         is_head = method == "HEAD"
         for attempt in range(2):
             conn = await self._acquire(key)

@@ -297,3 +297,20 @@ async def test_closing_a_response_drops_its_connection(pool: ConnectionPool) -> 
         assert pool.open_connections == 0
         with pytest.raises(UpstreamDisconnected):
             await resp.read()
+
+
+async def test_header_bytes_that_are_not_utf8_leave_as_they_came(pool: ConnectionPool) -> None:
+    heads: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head, _ = await read_request(reader)
+        heads.append(head)
+        writer.write(OK)
+
+    async with Server(handler) as server:
+        # what aiohttp's server hands over for a header byte 0xff
+        resp = await pool.request(
+            "GET", server.url(), [("X-Raw", b"a\xffb".decode("utf-8", "surrogateescape"))], b""
+        )
+        assert await resp.read() == b"ok"
+    assert b"\r\nX-Raw: a\xffb\r\n" in heads[0]
