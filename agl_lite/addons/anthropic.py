@@ -18,7 +18,6 @@ import orjson
 from multidict import CIMultiDict
 
 from agl_lite.capture.anthropic import (
-    BodyTranslator,
     MessageBuilder,
     StreamTranslator,
     message_body,
@@ -31,7 +30,7 @@ from agl_lite.capture.anthropic import (
 )
 from agl_lite.capture.client_view import CLIENT_VIEW, ClientView
 from agl_lite.core.config import GatewayConfig, option
-from agl_lite.core.flow import Flow, Response
+from agl_lite.core.flow import Flow, Response, WholeBody
 from agl_lite.core.routes import ATTRIBUTED_PREFIX, HttpRoute, RouteKind, Scope, model_api_routes
 
 __all__ = ["Anthropic"]
@@ -150,10 +149,10 @@ class Anthropic:
                 resp.body = reshape_error(resp.status, resp.body)
             return
         if resp.status >= 300:
-            resp.transforms.append(BodyTranslator(partial(reshape_error, resp.status)))
+            resp.transforms.append(WholeBody(partial(reshape_error, resp.status)))
             return
         if name in _COUNT:
-            resp.transforms.append(BodyTranslator(token_count_body))
+            resp.transforms.append(WholeBody(token_count_body))
             return
         view = flow.metadata.get(CLIENT_VIEW)
         if not isinstance(view, ClientView):
@@ -165,7 +164,7 @@ class Anthropic:
             resp.transforms.append(translator)
         else:
             builder = MessageBuilder(view.client_id or new_message_id(), model, emit=False)
-            resp.transforms.append(BodyTranslator(partial(message_body, builder=builder, view=view)))
+            resp.transforms.append(WholeBody(partial(message_body, builder=builder, view=view)))
 
     def error(self, flow: Flow) -> None:
         translator = flow.metadata.get(_TRANSLATOR)

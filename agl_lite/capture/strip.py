@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import partial
 
-__all__ = ["BodyStripper", "StreamStripper", "Strip", "client_view", "strip_body"]
+from agl_lite.core.flow import WholeBody
+
+__all__ = ["StreamStripper", "Strip", "client_view", "strip_body"]
 
 # `"token_ids":[1,2]` and `"prompt_token_ids":[...]` as object keys: the lookbehinds come after the literal so
 # the regex engine keeps its fast literal-prefix scan. Inside a JSON string every `"` is escaped, so a match (the
@@ -42,25 +45,6 @@ def strip_body(body: bytes, strip: Strip) -> bytes:
     if strip.logprobs:
         body = _null_logprobs(body)
     return body
-
-
-class BodyStripper:
-    """Transform for a plain JSON body: holds it whole (its last chunk waits for `response_end` anyway)."""
-
-    __slots__ = ("_parts", "_strip")
-
-    def __init__(self, strip: Strip) -> None:
-        self._strip = strip
-        self._parts: list[bytes] = []
-
-    def __call__(self, chunk: bytes) -> bytes:
-        self._parts.append(chunk)
-        return b""
-
-    def flush(self) -> bytes:
-        body = b"".join(self._parts)
-        self._parts.clear()
-        return strip_body(body, self._strip)
 
 
 class StreamStripper:
@@ -146,11 +130,11 @@ class StreamStripper:
         return _IDS.sub(_IDS_NULL, rest) if self._ids else rest
 
 
-def client_view(strip: Strip, *, stream: bool, chat: bool) -> BodyStripper | StreamStripper | None:
+def client_view(strip: Strip, *, stream: bool, chat: bool) -> WholeBody | StreamStripper | None:
     """The transform that gives the client its own view; None when there is nothing to take out (fast path)."""
     if not strip:
         return None
-    return StreamStripper(strip, chat=chat) if stream else BodyStripper(strip)
+    return StreamStripper(strip, chat=chat) if stream else WholeBody(partial(strip_body, strip=strip))
 
 
 def _null_logprobs(data: bytes) -> bytes:

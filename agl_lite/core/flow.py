@@ -30,6 +30,7 @@ __all__ = [
     "Transform",
     "UpstreamObserver",
     "UpstreamTarget",
+    "WholeBody",
     "json_response",
 ]
 
@@ -47,6 +48,26 @@ class Transform(Protocol):
     def flush(self) -> bytes:
         """Bytes still owed to the client when the upstream body ends (before the final bytes are written)."""
         ...
+
+
+class WholeBody:
+    """Transform for a plain (non-streamed) body: held until `flush()`, then converted in one go (its last chunk
+    waits for `response_end` anyway, so holding the rest costs the client nothing)."""
+
+    __slots__ = ("_convert", "_parts")
+
+    def __init__(self, convert: Callable[[bytes], bytes]) -> None:
+        self._convert = convert
+        self._parts: list[bytes] = []
+
+    def __call__(self, chunk: bytes) -> bytes:
+        self._parts.append(chunk)
+        return b""
+
+    def flush(self) -> bytes:
+        body = b"".join(self._parts)
+        self._parts.clear()
+        return self._convert(body)
 
 
 class UpstreamObserver(Protocol):

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agl_lite.capture.strip import BodyStripper, StreamStripper, Strip, client_view, strip_body
+from agl_lite.capture.strip import StreamStripper, Strip, client_view, strip_body
 from agl_lite.testing.mock_vllm_generate import ChoiceOutput, GenParams, generate_choice
 from agl_lite.testing.mock_vllm_scenario import Scenario, ToolCallSpec
 from agl_lite.testing.mock_vllm_tokenizer import FakeTokenizer
@@ -136,7 +136,8 @@ def test_body_stripped_equals_what_vllm_sends_unasked(endpoint: str, ids: bool, 
 
 def test_body_transform_holds_the_body_until_flush() -> None:
     body = (FIXTURES / "chat-nonstream-n2-ids-logprobs.json").read_bytes()
-    t = BodyStripper(Strip(token_ids=True))
+    t = client_view(Strip(token_ids=True), stream=False, chat=True)
+    assert t is not None
     assert t(body[:100]) == b""
     assert t(body[100:]) == b""
     out = json.loads(t.flush())

@@ -8,10 +8,9 @@ from agl_lite.capture.anthropic.errors import error_body, error_event, error_typ
 from agl_lite.capture.anthropic.message import MessageBuilder, new_message_id
 from agl_lite.capture.anthropic.models import models_list
 from agl_lite.capture.anthropic.request import to_chat, to_tokenize
-from agl_lite.capture.anthropic.stream import BodyTranslator, StreamTranslator, message_body, token_count_body
+from agl_lite.capture.anthropic.stream import StreamTranslator, message_body, token_count_body
 
 __all__ = [
-    "BodyTranslator",
     "MessageBuilder",
     "StreamTranslator",
     "error_body",

@@ -3,12 +3,11 @@
 `StreamTranslator` re-encodes an event stream event by event (only an unfinished upstream event waits for its
 bytes) and owes `message_delta` + `message_stop` until `flush()`, which the core calls before `response_end`: so the
 client sees the end of its message only after the record was committed, as an OpenAI client sees `[DONE]`.
-`BodyTranslator` holds a whole body (its last chunk waits for `response_end` anyway) and converts it at the end.
+A whole body is converted at its end by `message_body` or `token_count_body` in a `core.flow.WholeBody`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -18,7 +17,7 @@ from agl_lite.capture.anthropic.message import MessageBuilder
 from agl_lite.capture.client_view import ClientView
 from agl_lite.core.sse import SSEParser
 
-__all__ = ["BodyTranslator", "StreamTranslator", "message_body", "token_count_body"]
+__all__ = ["StreamTranslator", "message_body", "token_count_body"]
 
 
 class StreamTranslator:
@@ -112,25 +111,6 @@ def _delta(b: MessageBuilder, delta: dict[str, Any]) -> None:
             fn = {}
         index = call.get("index", 0)
         b.tool(index if isinstance(index, int) else 0, call.get("id"), fn.get("name"), fn.get("arguments"))
-
-
-class BodyTranslator:
-    """Transform for a whole JSON body: kept until `flush()`, then converted in one go."""
-
-    __slots__ = ("_convert", "_parts")
-
-    def __init__(self, convert: Callable[[bytes], bytes]) -> None:
-        self._convert = convert
-        self._parts: list[bytes] = []
-
-    def __call__(self, chunk: bytes) -> bytes:
-        self._parts.append(chunk)
-        return b""
-
-    def flush(self) -> bytes:
-        body = b"".join(self._parts)
-        self._parts.clear()
-        return self._convert(body)
 
 
 def message_body(raw: bytes, builder: MessageBuilder, view: ClientView) -> bytes:
