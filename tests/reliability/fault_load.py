@@ -30,6 +30,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from agl_lite.core.config import DEFAULT_CHAIN
 from agl_lite.testing import MockVLLM
 from agl_lite.testing.gateway import write_config
 from agl_lite.testing.mock_vllm import create_app
@@ -300,18 +301,7 @@ def gateway_config(directory: Path, mock_url: str) -> Path:
     write_config(
         directory,
         {MODEL: [mock_url]},
-        chain=(
-            "store",
-            "auth",
-            "store_api",
-            "control",
-            "metrics",
-            "route",
-            "anthropic",
-            "capture",
-            "tokens",
-            "sink",
-        ),
+        chain=DEFAULT_CHAIN,  # the whole chain a user runs, spelled out in the config
         addons={"store": {"backend": "sqlite", "path": "soak.db"}},
         extra={
             "log": {"format": "json", "level": "info"},

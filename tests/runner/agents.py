@@ -34,6 +34,15 @@ class RunnerHarness:
         assert result.pending == []
         return {r.id: r for r in result.rollouts}
 
+    async def follow_completions(self, count: int, wait_s: float) -> dict[str, Rollout]:
+        """The first `count` rollouts to turn terminal, read by following the completion cursor as a trainer does."""
+        seen: dict[str, Rollout] = {}
+        cursor = 0
+        while len(seen) < count:
+            rows, cursor = await self.client.completed(cursor, wait=wait_s)
+            seen.update((r.id, r) for r in rows)
+        return seen
+
 
 SH_AGENT = """
 set -eu

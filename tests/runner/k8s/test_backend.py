@@ -17,7 +17,7 @@ from kubernetes.aio.client import ApiClient, BatchV1Api
 from agl_lite.core.keys import KeyRole, derive_key
 from agl_lite.runner.k8s.names import job_name
 from agl_lite.store.base import RolloutSpec
-from agl_lite.store.records import AttemptStatus, Rollout, RolloutConfig, RolloutStatus
+from agl_lite.store.records import AttemptStatus, RolloutConfig, RolloutStatus
 from tests.conftest import ADMIN_KEY
 from tests.runner.agents import GRADED_AGENT, GRADER, SH_AGENT
 from tests.runner.k8s.conftest import NAMESPACE, PodSpy, k8s_spec
@@ -188,11 +188,7 @@ async def test_the_reward_is_in_before_the_rollout_reaches_the_completion_cursor
                 for t, e in zip(tasks, (5, 6), strict=True)
             ]
         )
-        seen: dict[str, Rollout] = {}
-        cursor = 0
-        while len(seen) < 2:  # the completion cursor, as a trainer follows it
-            rows, cursor = await s.client.completed(cursor, wait=30)
-            seen.update((r.id, r) for r in rows)
+        seen = await s.follow_completions(2, wait_s=30)
     assert [(seen[i].status, seen[i].reward) for i in ids] == [("succeeded", 1.0), ("succeeded", 0.0)]
     for i, rid in enumerate(ids):
         env = json.loads((tmp_path / f"env{i}.json").read_text())
