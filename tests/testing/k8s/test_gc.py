@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import kubernetes.aio.client
 from kubernetes.aio.client import BatchV1Api
 
 from agl_lite.testing.k8s import FakeK8s
 from agl_lite.testing.k8s.manifests import container, job_manifest, pod_manifest
 from agl_lite.testing.k8s.storage import Event
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
+from tests.testing.k8s.processes import alive
 
 
 async def running_job(k8s: FakeK8s, aio: kubernetes.aio.client.ApiClient, name: str) -> int:

@@ -14,6 +14,7 @@ from kubernetes.aio.client import BatchV1Api, CoreV1Api
 from agl_lite.testing.k8s import FakeK8s, FakeK8sConfig, Timings, running_fake_k8s
 from agl_lite.testing.k8s.manifests import container, job_manifest
 from agl_lite.testing.k8s.storage import Event
+from tests.testing.k8s.processes import alive
 
 IGNORE_DISRUPTIONS = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
 
@@ -25,15 +26,6 @@ def sh(script: str) -> list[str]:
 def condition(job: dict[str, Any], kind: str) -> dict[str, Any]:
     (found,) = [c for c in job["status"]["conditions"] if c["type"] == kind]
     return found
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` is a live process (a reaped or zombie one is not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 async def test_a_job_whose_container_exits_0_completes(

@@ -12,6 +12,7 @@ from kubernetes.aio.client import CoreV1Api
 from agl_lite.testing.k8s import FakeK8s, FakeK8sConfig, Timings, running_fake_k8s
 from agl_lite.testing.k8s.manifests import container, pod_manifest, secret_manifest
 from agl_lite.testing.k8s.storage import Event
+from tests.testing.k8s.processes import alive
 
 REPORT = "/dev/termination-log"
 
@@ -35,14 +36,6 @@ def terminated(pod: dict[str, Any], index: int = 0) -> dict[str, Any]:
 
 def is_file(path: Path) -> bool:
     return path.is_file()
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 async def test_env_follows_kubernetes_expansion_rules(

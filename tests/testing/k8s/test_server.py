@@ -10,14 +10,7 @@ import pytest
 
 from agl_lite.testing.k8s import FakeK8s, FakeK8sConfig, running_fake_k8s
 from agl_lite.testing.k8s.manifests import container, job_manifest
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
+from tests.testing.k8s.processes import alive
 
 
 async def test_the_sync_client_configuration_reaches_the_server_with_its_token(k8s: FakeK8s) -> None:
