@@ -97,15 +97,7 @@ def _pointer(path: str) -> list[str]:
 
 
 def _parent(doc: Any, parts: list[str], op: str) -> tuple[Any, str]:
-    node = doc
-    for part in parts[:-1]:
-        try:
-            node = node[int(part)] if isinstance(node, list) else node[part]
-        except (KeyError, IndexError, ValueError, TypeError):
-            raise _patch_error(
-                f"{op} operation does not apply: doc is missing path: /{'/'.join(parts)}"
-            ) from None
-    return node, parts[-1]
+    return _get(doc, parts, op, depth=len(parts) - 1), parts[-1]
 
 
 def _patch_error(message: str) -> ApiError:
@@ -148,9 +140,10 @@ def _json_patch(doc: Any, ops: Any) -> Any:
     return doc
 
 
-def _get(doc: Any, parts: list[str], op: str) -> Any:
+def _get(doc: Any, parts: list[str], op: str, depth: int | None = None) -> Any:
+    """The node at `parts` (or at its first `depth` parts); a missing one is the error that names all of `parts`."""
     node = doc
-    for part in parts:
+    for part in parts[:depth]:
         try:
             node = node[int(part)] if isinstance(node, list) else node[part]
         except (KeyError, IndexError, ValueError, TypeError):
