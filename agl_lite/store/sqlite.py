@@ -346,11 +346,17 @@ class SQLiteRepo:
             args.append(attempt_id)
         rows = self.conn.execute(sql + " ORDER BY order_key LIMIT ?", (*args, limit)).fetchall()
         memo: dict[int, array[int]] = {}
+        fetched = {row[0]: row[1:6] for row in rows}  # a prompt's parent is often an earlier row of this page
+
+        def load(ref: int) -> SeqRow:
+            row = fetched.get(ref // _SLOTS)
+            return _seq_row(ref, row) if row is not None else self._load_seq(ref)
+
         out = []
         for seq, parent, _shared, tail, meta_blob, ids_blob, lps_blob, body in rows:
             prompt: array[int] | None = None
             if tail is not None:
-                prompt = resolve(seq * _SLOTS, self._load_seq, memo) if parent is not None else unpack(tail)
+                prompt = resolve(seq * _SLOTS, load, memo) if parent is not None else unpack(tail)
             meta = unpack(meta_blob)
             all_ids = unpack(ids_blob)
             all_lps = array("f")
@@ -478,9 +484,8 @@ class SQLiteStore(Store):
         self._checkpoints_asked = 0  # (the loop's)
         self._checkpoints_done = 0  # (the thread's)
         self._since_checkpoint = 0
-        self._lock = (
-            threading.Lock()
-        )  # one transaction at a time on the writer's connection; `ops`, `commits`
+        # One transaction at a time on the writer's connection (the loop's or the thread's); guards `ops`, `commits`.
+        self._lock = threading.Lock()
         self._writer: threading.Thread | None = None
         self._local = threading.local()
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agl-sqlite-read")
