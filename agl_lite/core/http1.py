@@ -388,12 +388,17 @@ class ConnectionPool:
                 raise
         raise AssertionError("unreachable")
 
-    async def _acquire(self, key: tuple[str, str, int]) -> _Connection:
+    def _take_idle(self, key: tuple[str, str, int]) -> _Connection | None:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
             if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
                 return conn
+        return None
+
+    async def _acquire(self, key: tuple[str, str, int]) -> _Connection:
+        if (conn := self._take_idle(key)) is not None:
+            return conn
         while self._open >= self.max_connections:
             if not self._close_an_idle_connection():
                 waiter = self.loop.create_future()
@@ -403,11 +408,8 @@ class ConnectionPool:
                 finally:
                     if waiter in self._waiters:
                         self._waiters.remove(waiter)
-                idle = self._idle.get(key)
-                while idle:
-                    conn = idle.pop()
-                    if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
-                        return conn
+                if (conn := self._take_idle(key)) is not None:
+                    return conn
         self._open += 1
         conn = _Connection(self, key)
         scheme, host, port = key
