@@ -60,14 +60,12 @@ class _FlowCounts(Collector):
         self.in_flight = 0
 
     def collect(self) -> Iterator[Metric]:
-        requests = CounterMetricFamily(
+        yield _counter(
             "agl_requests",
             "Finished flows by route, status class and outcome.",
-            labels=["route", "status", "outcome"],
+            ["route", "status", "outcome"],
+            self.requests,
         )
-        for labels, n in self.requests.items():
-            requests.add_metric(labels, n)
-        yield requests
         yield _histogram(
             "agl_request_duration_seconds",
             "Time from request read to response end, by route.",
@@ -85,22 +83,25 @@ class _FlowCounts(Collector):
             "LLM calls past this addon's place in the chain, not yet done.",
             self.in_flight,
         )
-        tokens = CounterMetricFamily(
+        yield _counter(
             "agl_llm_tokens",
             "Tokens the upstream reported in usage, by model and kind (prompt, completion).",
-            labels=["model", "kind"],
+            ["model", "kind"],
+            self.tokens,
         )
-        for token_labels, n in self.tokens.items():
-            tokens.add_metric(token_labels, n)
-        yield tokens
-        errors = CounterMetricFamily(
+        yield _counter(
             "agl_upstream_errors",
             "Upstream failures (unreachable, timeout, reset) and 5xx answers, by model.",
-            labels=["model", "type"],
+            ["model", "type"],
+            self.upstream_errors,
         )
-        for error_labels, n in self.upstream_errors.items():
-            errors.add_metric(error_labels, n)
-        yield errors
+
+
+def _counter(name: str, doc: str, labels: list[str], counts: dict[Any, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for values, n in counts.items():
+        family.add_metric(values, n)
+    return family
 
 
 def _histogram(name: str, doc: str, label: str, values: dict[str, _Histogram]) -> HistogramMetricFamily:
