@@ -3,26 +3,25 @@
 Counts every flow in `flow_done` (requests, durations, upstream errors, tokens from `capture.record`'s usage).
 Other addons add their own metrics to the registry it provides as the `metrics` service, without importing it.
 
-The per-flow counts are plain integers in dictionaries, turned into metric families only when scraped
-(`_FlowCounts`): prometheus-client's own metric objects take a lock and validate labels on every update, which
-cost 20-40 µs per flow on a small VM; prometheus-client still writes the exposition.
+The per-flow counts are plain numbers (`agl_lite.core.prom`), turned into metric families only when scraped
+(`_FlowCounts`).
 """
 
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.flow import Flow, Response
+from agl_lite.core.prom import Histogram, counter_family, histogram_family
 from agl_lite.core.routes import HttpRoute, RouteKind, Scope
 from agl_lite.core.services import METRICS_REGISTRY, LoadContext
 from agl_lite.errors import UpstreamError
@@ -36,46 +35,34 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 """Seconds: a cached API answer takes milliseconds, a long agentic generation minutes."""
 
 
-class _Histogram:
-    __slots__ = ("counts", "sum")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(DURATION_BUCKETS) + 1)  # per bucket (not cumulative); the last one is +Inf
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(DURATION_BUCKETS, value)] += 1  # the first bound >= value: Prometheus's `le`
-        self.sum += value
-
-
 class _FlowCounts(Collector):
     """What `flow_done` counts, as plain numbers; metric families are built from them at scrape time."""
 
     def __init__(self) -> None:
         self.requests: dict[tuple[str, str, str], int] = {}
-        self.duration: dict[str, _Histogram] = {}
-        self.first_byte: dict[str, _Histogram] = {}
+        self.duration: dict[tuple[str, ...], Histogram] = {}
+        self.first_byte: dict[tuple[str, ...], Histogram] = {}
         self.tokens: dict[tuple[str, str], int] = {}
         self.upstream_errors: dict[tuple[str, str], int] = {}
         self.in_flight = 0
 
     def collect(self) -> Iterator[Metric]:
-        yield _counter(
+        yield counter_family(
             "agl_requests",
             "Finished flows by route, status class and outcome.",
             ["route", "status", "outcome"],
             self.requests,
         )
-        yield _histogram(
+        yield histogram_family(
             "agl_request_duration_seconds",
             "Time from request read to response end, by route.",
-            "route",
+            ["route"],
             self.duration,
         )
-        yield _histogram(
+        yield histogram_family(
             "agl_llm_time_to_first_byte_seconds",
             "Time to the upstream's first body byte, by model.",
-            "model",
+            ["model"],
             self.first_byte,
         )
         yield GaugeMetricFamily(
@@ -83,13 +70,13 @@ class _FlowCounts(Collector):
             "LLM calls past this addon's place in the chain, not yet done.",
             self.in_flight,
         )
-        yield _counter(
+        yield counter_family(
             "agl_llm_tokens",
             "Tokens the upstream reported in usage, by model and kind (prompt, completion).",
             ["model", "kind"],
             self.tokens,
         )
-        yield _counter(
+        yield counter_family(
             "agl_upstream_errors",
             "Upstream failures (unreachable, timeout, reset) and 5xx answers, by model.",
             ["model", "type"],
@@ -97,30 +84,12 @@ class _FlowCounts(Collector):
         )
 
 
-def _counter(name: str, doc: str, labels: list[str], counts: dict[Any, int]) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, doc, labels=labels)
-    for values, n in counts.items():
-        family.add_metric(values, n)
-    return family
-
-
-def _histogram(name: str, doc: str, label: str, values: dict[str, _Histogram]) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, doc, labels=[label])
-    for value, h in values.items():
-        running, buckets = 0, []
-        for bound, n in zip((*DURATION_BUCKETS, float("inf")), h.counts, strict=True):
-            running += n
-            buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
-        family.add_metric([value], buckets, h.sum)
-    return family
-
-
 def _bounded(counts: dict[Any, Any], key: Any) -> Any:
     """`key`, or an `other` key once a family has _MAX_CHILDREN label sets (label values come from routes and
     models, so they are bounded anyway: this is cheap insurance)."""
     if key in counts or len(counts) < _MAX_CHILDREN:
         return key
-    return "other" if isinstance(key, str) else ("other",) * len(key)
+    return ("other",) * len(key)
 
 
 class Metrics:
@@ -173,14 +142,14 @@ class Metrics:
             outcome = "ok"
         key = _bounded(counts.requests, (route, status, outcome))
         counts.requests[key] = counts.requests.get(key, 0) + 1
-        _observe(counts.duration, route, (flow.t_end or time.monotonic()) - flow.t_start)
+        _observe(counts.duration, (route,), (flow.t_end or time.monotonic()) - flow.t_start)
         if flow.id not in self._llm_flows:
             return
         self._llm_flows.discard(flow.id)
         counts.in_flight -= 1
         model = str(flow.metadata.get("route.model") or "unknown")
         if flow.t_first_byte is not None:
-            _observe(counts.first_byte, model, flow.t_first_byte - flow.t_start)
+            _observe(counts.first_byte, (model,), flow.t_first_byte - flow.t_start)
         error_type: str | None = None
         if isinstance(flow.error, UpstreamError):
             error_type = flow.error.type
@@ -206,11 +175,11 @@ class Metrics:
                 tokens[key] = tokens.get(key, 0) + n
 
 
-def _observe(histograms: dict[str, _Histogram], label: str, value: float) -> None:
-    h = histograms.get(label)
+def _observe(histograms: dict[tuple[str, ...], Histogram], key: tuple[str, ...], value: float) -> None:
+    h = histograms.get(key)
     if h is None:
-        label = _bounded(histograms, label)
-        h = histograms.get(label)
+        key = _bounded(histograms, key)
+        h = histograms.get(key)
         if h is None:
-            h = histograms[label] = _Histogram()
+            h = histograms[key] = Histogram(DURATION_BUCKETS)
     h.observe(value)

@@ -8,14 +8,18 @@ across flows by the store's group commit; its queue is bounded.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 import structlog
-from prometheus_client import Gauge, Histogram
+from prometheus_client import Gauge
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.flow import Flow
+from agl_lite.core.prom import Histogram, histogram_family
 from agl_lite.core.services import METRICS_REGISTRY, LoadContext
 from agl_lite.errors import HttpError
 from agl_lite.store.base import STORE, Store
@@ -24,6 +28,22 @@ from agl_lite.store.records import LLMCall
 __all__ = ["Sink"]
 
 log = structlog.get_logger("agl_lite.sink")
+
+COMMIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+"""Seconds to commit one captured call."""
+
+
+class _CommitLatency(Collector):
+    def __init__(self, histogram: Histogram) -> None:
+        self.histogram = histogram
+
+    def collect(self) -> Iterator[Metric]:
+        yield histogram_family(
+            "agl_sink_commit_seconds",
+            "Time to commit one captured call (the end of the response waits for it).",
+            [],
+            {(): self.histogram},
+        )
 
 
 class Sink:
@@ -58,12 +78,8 @@ class Sink:
             commits.set_function(lambda: float(getattr(self.store, "commits", 0)))
             writes = Gauge("agl_store_writes", "Writes the store's writer committed.", registry=registry)
             writes.set_function(lambda: float(getattr(self.store, "ops", 0)))
-            self._latency = Histogram(
-                "agl_sink_commit_seconds",
-                "Time to commit one captured call (the end of the response waits for it).",
-                buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
-                registry=registry,
-            )
+            self._latency = Histogram(COMMIT_BUCKETS)  # observed per call: plain numbers (`core.prom`)
+            registry.register(_CommitLatency(self._latency))
 
     async def response_end(self, flow: Flow) -> None:
         await self._commit(flow)
