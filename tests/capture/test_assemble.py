@@ -182,3 +182,141 @@ def test_a_long_stream_keeps_only_a_bounded_tail_of_bytes(monkeypatch: pytest.Mo
     asm = c.finish()
     assert asm.done
     assert asm.choices()[0].token_ids.tolist() == [7] * 2000
+
+
+# --- the fast path of chat streams ---------------------------------------------------------------------------------
+
+TEXT = st.lists(
+    st.sampled_from(
+        ["a", " ", '"', "\\", "\n", "é", "😀", "\x01", "}", "]", ",", ":", "[DONE]", '"},"logprobs":null']
+    ),
+    max_size=6,
+).map("".join)
+"""Text deltas: escapes, non-ASCII, and the bytes the fast path cuts at (escaped inside a JSON string)."""
+IDS = st.lists(st.integers(min_value=0, max_value=2**32 - 1), max_size=3)
+
+
+def chat_event(head: dict[str, Any], kind: str, text: str, ids: list[int], ascii_only: bool) -> bytes:
+    """One event as vLLM 0.32 writes it (its key order, compact separators)."""
+    if kind == "done":
+        return b"data: [DONE]\n\n"
+    if kind == "comment":
+        return b": ping\n\n"
+    ev: dict[str, Any] = dict(head)
+    text_delta = {"delta": {"content": text}, "logprobs": None, "finish_reason": None, "token_ids": ids}
+    if kind == "text":
+        ev["choices"] = [{"index": 0, **text_delta}]
+    elif kind == "other_id":  # a text delta as the fast path cuts it, but from another response id
+        ev |= {"id": "chatcmpl-other", "choices": [{"index": 0, **text_delta}]}
+    elif kind == "second":  # another choice's text: n = 2
+        ev["choices"] = [{"index": 1, **text_delta}]
+    elif kind == "null_ids":
+        ev["choices"] = [{"index": 0, **text_delta, "token_ids": None}]
+    elif kind == "role":
+        role = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        ev |= {"choices": [role], "prompt_token_ids": ids or None, "prompt_text": None}
+    elif kind == "tool":
+        call = {"index": 0, "function": {"arguments": text}}
+        ev["choices"] = [{"index": 0, **text_delta, "delta": {"tool_calls": [call]}}]
+    elif kind == "finish":
+        delta = {"content": text} if text else {}
+        finish = {
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": "stop",
+            "stop_reason": None,
+            "token_ids": ids,
+        }
+        ev["choices"] = [{"index": 0, **finish}]
+    elif kind == "usage":
+        ev |= {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": len(ids), "total_tokens": 9}}
+    elif kind == "error":
+        ev = {"error": {"message": text, "type": "InternalServerError", "code": 500}}
+    return b"data: " + json.dumps(ev, ensure_ascii=ascii_only, separators=(",", ":")).encode() + b"\n\n"
+
+
+OTHER_KINDS = (
+    "role",
+    "tool",
+    "finish",
+    "second",
+    "null_ids",
+    "usage",
+    "error",
+    "other_id",
+    "done",
+    "comment",
+)
+KINDS = ["text"] * 8 + list(OTHER_KINDS)
+"""Mostly text deltas, as in a real stream."""
+
+
+@st.composite
+def chat_streams(draw: st.DrawFn) -> tuple[bytes, bytes]:
+    """A chat stream in two batches (as `Collector` decodes a long one): mostly text deltas, any other event."""
+    head = {
+        "id": draw(st.sampled_from(["chatcmpl-869e265e3b2cae15", 'chat"q', "é"])),
+        "object": "chat.completion.chunk",
+        "created": 1796056150,
+        "model": draw(st.sampled_from(["smollm2", 'a"b\\c', "模型"])),
+    }
+    ascii_only = draw(st.booleans())
+    kinds = draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=12))
+    events = [chat_event(head, k, draw(TEXT), draw(IDS), ascii_only) for k in kinds]
+    cut = draw(st.integers(min_value=0, max_value=len(events)))
+    return b"".join(events[:cut]), b"".join(events[cut:])
+
+
+def state(asm: Assembly) -> tuple[Any, ...]:
+    prompt = asm.prompt_token_ids()
+    return (
+        asm.choices(),
+        asm.usage,
+        asm.done,
+        asm.response_id,
+        asm.served_model,
+        None if prompt is None else prompt.tolist(),
+        asm.error,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(stream=chat_streams())
+def test_the_chat_fast_path_equals_the_general_fold(stream: tuple[bytes, bytes]) -> None:
+    fast, general = Assembly(chat=True), Assembly(chat=True)
+    for batch in stream:
+        if not batch:
+            continue
+        before = state(fast)
+        if not fast._add_chat_events(batch):
+            assert state(fast) == before  # declined: nothing changed, the general fold reads it
+            fast.add_events_general(batch)
+        general.add_events_general(batch)
+        assert state(fast) == state(general)
+
+
+@pytest.mark.parametrize("path", [p for p in STREAMS if p.name.startswith("chat")], ids=lambda p: p.name)
+def test_real_chat_streams_take_the_fast_path(path: Path) -> None:
+    raw = path.read_bytes()
+    fast, general = Assembly(chat=True), Assembly(chat=True)
+    assert fast._add_chat_events(raw)
+    general.add_events_general(raw)
+    assert state(fast) == state(general)
+
+
+def test_the_fast_path_declines_what_is_not_one_data_line_per_event() -> None:
+    line = b'data: {"id":"a","object":"chat.completion.chunk","created":1,"model":"m","choices":[]}\n\n'
+    for odd in (
+        b": ping\n\n",
+        b'data: {"x":\ndata: 1}\n\n',
+        b"event: x\n" + line[:-2] + b"\n\n",
+        b"data: nope\n\n",
+    ):
+        asm = Assembly(chat=True)
+        assert not asm._add_chat_events(line + odd)
+        assert state(asm) == state(Assembly(chat=True))
