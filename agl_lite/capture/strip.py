@@ -8,6 +8,7 @@ decode JSON, and it never holds stream bytes beyond the current event.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -51,10 +52,11 @@ class StreamStripper:
     """Transform for a vLLM event stream (events end with a blank line, LF only, as vLLM writes them).
 
     Whole events go through at once; only an unfinished event waits for the rest of its bytes. The common path is
-    one regex substitution per chunk; the rest runs only when a chunk holds an event that needs more.
+    one regex substitution and a `find` or two per read; an event is looked at on its own only when the read holds
+    the marker of one that must go (the usage event, an id-only delta) or change (injected logprobs).
     """
 
-    __slots__ = ("_buf", "_empty_deltas", "_finishing", "_ids", "_logprobs", "_usage")
+    __slots__ = ("_buf", "_empty_deltas", "_ids", "_logprobs", "_usage")
 
     def __init__(self, strip: Strip, *, chat: bool) -> None:
         self._ids = strip.token_ids
@@ -63,8 +65,6 @@ class StreamStripper:
         # With return_token_ids vLLM also sends the chunks its tool parser left empty (only ids in them).
         self._empty_deltas = strip.token_ids and chat
         self._buf = bytearray()
-        # vLLM sends the usage event only after a choice finished: until then no chunk needs looking at for it.
-        self._finishing = False
 
     def __call__(self, chunk: bytes) -> bytes:
         buf = self._buf
@@ -87,40 +87,15 @@ class StreamStripper:
             data = chunk[:end]
         if self._ids:
             data = _IDS.sub(_IDS_NULL, data)
-        # Whole-chunk checks (several events may have come in one read): find(), not `in`, which costs more on
-        # bytes. Only chunks that hold an event needing more than the substitution go event by event.
-        if not self._finishing:
-            if self._usage and data.find(b'"finish_reason":"') >= 0:
-                self._finishing = True
-                return self._per_event(data)
-            if self._empty_deltas and data.find(b'"delta":{}') >= 0:
-                return self._per_event(data)
-            if self._logprobs and data.find(b'"logprobs":{') >= 0:
-                return self._per_event(data)
-            return data
-        return self._per_event(data)
-
-    def _per_event(self, data: bytes) -> bytes:
-        # Without include_usage vLLM puts the stream's system_fingerprint on the last choice event, with it on the
-        # usage event, which the client did not ask for and does not get: the fingerprint goes with it rather than
-        # hold a choice event back until the next one (streams are never held beyond the current event).
-        out: list[bytes] = []
-        pieces = data.split(b"\n\n")
-        pieces.pop()  # data ends with a blank line: the last piece is empty
-        for ev in pieces:
-            if self._usage and ev.find(b'"choices":[]') >= 0 and ev.find(b'"usage":{') >= 0:
-                continue
-            if (
-                self._empty_deltas
-                and ev.find(b'"delta":{}') >= 0
-                and ev.find(b'"finish_reason":null') >= 0
-                and ev.count(b'"delta":') == 1
-            ):
-                continue
-            if self._logprobs and ev.find(b'"logprobs":{') >= 0:
-                ev = _null_logprobs(ev)
-            out.append(ev + b"\n\n")
-        return b"".join(out)
+        # Whole-read checks (a read holds several events): find(), not `in`, which costs more on bytes. The markers
+        # are structural: inside a JSON string every `"` is escaped, so text cannot hold them.
+        if self._usage and data.find(b'"choices":[]') >= 0:
+            data = _drop_events(data, b'"choices":[]', _is_usage_event)
+        if self._empty_deltas and data.find(b'"delta":{}') >= 0:
+            data = _drop_events(data, b'"delta":{}', _is_id_only_delta)
+        if self._logprobs and data.find(b'"logprobs":{') >= 0:
+            data = b"".join(_null_logprobs(ev) + b"\n\n" for ev in data.split(b"\n\n")[:-1])
+        return data
 
     def flush(self) -> bytes:
         if not self._buf:
@@ -128,6 +103,37 @@ class StreamStripper:
         rest = bytes(self._buf)
         self._buf.clear()
         return _IDS.sub(_IDS_NULL, rest) if self._ids else rest
+
+
+def _is_usage_event(ev: bytes) -> bool:
+    """vLLM's last event when usage was asked for: no choices, the usage. Without include_usage vLLM puts the
+    stream's system_fingerprint on the last choice event, with it on this one, which the client did not ask for
+    and does not get: the fingerprint goes with it rather than hold a choice event back until the next one."""
+    return ev.find(b'"usage":{') >= 0
+
+
+def _is_id_only_delta(ev: bytes) -> bool:
+    """A chunk vLLM sends only because token ids were asked for: an empty delta that does not finish a choice."""
+    return ev.find(b'"finish_reason":null') >= 0 and ev.count(b'"delta":') == 1
+
+
+def _drop_events(data: bytes, marker: bytes, drop: Callable[[bytes], bool]) -> bytes:
+    """`data` (whole events) less the events that hold `marker` and that `drop` says go."""
+    kept: list[bytes] = []
+    pos = 0  # the start of the event after the last one dropped
+    at = data.find(marker)
+    while at >= 0:
+        sep = data.rfind(b"\n\n", pos, at)
+        start = sep + 2 if sep >= 0 else pos
+        end = data.find(b"\n\n", at) + 2
+        if drop(data[start:end]):
+            kept.append(data[pos:start])
+            pos = end
+        at = data.find(marker, end)
+    if not pos:
+        return data
+    kept.append(data[pos:])
+    return b"".join(kept)
 
 
 def client_view(strip: Strip, *, stream: bool, chat: bool) -> WholeBody | StreamStripper | None:
