@@ -90,7 +90,7 @@ class SSEParser:
         return None
 
 
-_DONE_MARKERS = (b"\ndata: [DONE]", b"\ndata:[DONE]", b"\rdata: [DONE]", b"\rdata:[DONE]")
+_LINE_ENDS = (0x0A, 0x0D)
 
 
 def find_done(tail: bytes, chunk: bytes) -> int:
@@ -98,17 +98,18 @@ def find_done(tail: bytes, chunk: bytes) -> int:
 
     `tail` is the end of the previous chunks (at least 13 bytes, or `b"\\n"` at stream start), so a marker split
     across reads is found too; then 0 is returned (its start was already sent, its end was not). A `[DONE]` inside
-    JSON content cannot match: a data line holds no raw line break.
+    JSON content cannot match: a data line holds no raw line break. The line is `data: [DONE]` or `data:[DONE]`
+    after LF or CR: one scan for `[DONE]`, then a look at the bytes before it.
     """
     window = tail + chunk
-    best = -1
-    for marker in _DONE_MARKERS:
-        pos = window.find(marker)
-        if pos >= 0 and (best < 0 or pos < best):
-            best = pos
-    if best < 0:
-        return -1
-    return max(0, best + 1 - len(tail))
+    pos = window.find(b"[DONE]")
+    while pos >= 0:
+        if pos >= 7 and window[pos - 6 : pos] == b"data: " and window[pos - 7] in _LINE_ENDS:
+            return max(0, pos - 6 - len(tail))
+        if pos >= 6 and window[pos - 5 : pos] == b"data:" and window[pos - 6] in _LINE_ENDS:
+            return max(0, pos - 5 - len(tail))
+        pos = window.find(b"[DONE]", pos + 1)
+    return -1
 
 
 class DoneDetector:
@@ -128,7 +129,7 @@ class DoneDetector:
         """Offset in `chunk` where the `[DONE]` line starts (0 if it began in an earlier chunk), else -1."""
         if self.found:
             return -1
-        if b"E]" in chunk or chunk[:1] == b"]":
+        if chunk.find(b"E]") >= 0 or chunk[:1] == b"]":
             cut = find_done(self._tail, chunk)
             if cut >= 0:
                 self.found = True
