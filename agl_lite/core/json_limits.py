@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from agl_lite.errors import BadRequest
 
 __all__ = ["MAX_JSON_DEPTH", "check_json_depth", "loads"]
@@ -20,9 +22,28 @@ MAX_JSON_DEPTH = 128
 """Most nested arrays/objects a request body may hold (the store wraps bodies in a few levels of its own)."""
 
 
+_DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+"""A `bytes.translate` table: every digit becomes `0`, anything else a space."""
+_RISKY_RUN = b"0" * 19
+"""A run of 19 digits: an integer that may not fit 64 bits, which orjson would read as a float."""
+
+
 def loads(body: bytes) -> Any:
     """The body as Python (and so vLLM) reads it — `NaN`, integers of any size, lone surrogates included — within
-    the depth bound; any problem is a 400 that says which."""
+    the depth bound; any problem is a 400 that says which.
+
+    orjson reads the common body five times faster than the stdlib and to the same values, except that it reads
+    an integer past 64 bits as a float, and refuses what only Python accepts (`NaN`, lone surrogates, a BOM,
+    UTF-16): a body with a 19-digit run, or one orjson refuses, goes to the stdlib parser.
+    """
+    if body.translate(_DIGITS).find(_RISKY_RUN) < 0:
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            check_json_depth(obj, body)
+            return obj
     try:
         obj = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:

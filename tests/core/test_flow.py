@@ -1,6 +1,7 @@
 """Request body parsing: exactly as Python reads JSON (NaN, big integers, lone surrogates kept), else a 400.
 
-Not orjson: it turns integers beyond 64 bits into floats, silently changing what the client sent.
+orjson reads most bodies, but it turns integers beyond 64 bits into floats, silently changing what the client sent:
+a body that may hold one goes to the stdlib parser (tests/core/test_json_limits.py).
 """
 
 from __future__ import annotations

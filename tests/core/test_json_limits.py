@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agl_lite.core.json_limits import MAX_JSON_DEPTH, check_json_depth, loads
 from agl_lite.errors import BadRequest
@@ -54,3 +58,38 @@ def test_check_json_depth_takes_an_object_parsed_elsewhere() -> None:
     check_json_depth({"a": [1]}, b'{"a": [1]}')
     with pytest.raises(BadRequest):
         check_json_depth([[[[]]]], b"[[[[]]]]", limit=3)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal values of equal types all the way down (1 and 1.0 differ; NaN equals NaN)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    return bool(a == b)
+
+
+BOUNDS = [2**63 - 1, -(2**63), 2**63, -(2**63) - 1, 2**64 - 1, 2**64, 10**18, -(10**18), 10**19, 10**30]
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.sampled_from(BOUNDS)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=JSON_VALUES, ascii_only=st.booleans())
+def test_any_body_reads_as_the_stdlib_reads_it(value: Any, ascii_only: bool) -> None:
+    """The orjson path gives exactly the stdlib's values: big integers stay integers, floats stay floats, and what
+    only Python accepts (NaN, infinities, lone surrogates) still parses."""
+    body = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+    assert same(loads(body), json.loads(body))
