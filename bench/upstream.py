@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import signal
+from collections.abc import Callable
 from typing import Any
 
 MODEL = "bench"
@@ -161,6 +162,24 @@ def stream_writes(n: int) -> list[bytes]:
 STREAM_EVENTS = len(stream_events())
 
 
+def next_request(buf: bytearray) -> tuple[bytes, bytes] | None:
+    """Take the first whole request out of `buf`: (its head, lower-cased; its body), or None until it is whole."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    head = bytes(buf[:end]).lower()
+    length = 0
+    i = head.find(b"\r\ncontent-length:")
+    if i >= 0:
+        j = head.find(b"\r\n", i + 2)
+        length = int(head[i + 17 : j if j >= 0 else len(head)])
+    if len(buf) < end + 4 + length:
+        return None
+    body = bytes(buf[end + 4 : end + 4 + length])
+    del buf[: end + 4 + length]
+    return head, body
+
+
 class BenchUpstream(asyncio.Protocol):
     """One connection: keep-alive, requests answered in order, one stream in flight at a time."""
 
@@ -183,19 +202,10 @@ class BenchUpstream(asyncio.Protocol):
     def _serve(self) -> None:
         transport = self.transport
         while transport is not None and not transport.is_closing():
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
+            request = next_request(self.buf)
+            if request is None:
                 return
-            head = bytes(self.buf[:end]).lower()
-            length = 0
-            i = head.find(b"\r\ncontent-length:")
-            if i >= 0:
-                j = head.find(b"\r\n", i + 2)
-                length = int(head[i + 17 : j if j >= 0 else len(head)])
-            if len(self.buf) < end + 4 + length:
-                return
-            body = bytes(self.buf[end + 4 : end + 4 + length])
-            del self.buf[: end + 4 + length]
+            head, body = request
             self.close_after = b"\r\nconnection: close" in head
             if head.startswith(b"post ") and b"/chat/completions" in head[: head.find(b"\r\n")]:
                 if b'"stream":true' in body or b'"stream": true' in body:
@@ -228,12 +238,10 @@ class BenchUpstream(asyncio.Protocol):
         self.transport = None
 
 
-async def serve(host: str, port: int, stream_writes_n: int) -> None:
+async def serve(factory: Callable[[], asyncio.Protocol], host: str, port: int) -> None:
+    """Serve connections with `factory`'s protocol until SIGINT or SIGTERM."""
     loop = asyncio.get_running_loop()
-    stream = stream_writes(stream_writes_n)
-    server = await loop.create_server(
-        lambda: BenchUpstream(stream), host, port, backlog=1024, reuse_address=True
-    )
+    server = await loop.create_server(factory, host, port, backlog=4096, reuse_address=True)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
@@ -252,7 +260,8 @@ def main() -> None:
         help=f"Writes per streamed answer (1-{STREAM_EVENTS}, each on its own loop iteration).",
     )
     args = parser.parse_args()
-    asyncio.run(serve(args.host, args.port, args.stream_writes))
+    stream = stream_writes(args.stream_writes)
+    asyncio.run(serve(lambda: BenchUpstream(stream), args.host, args.port))
 
 
 if __name__ == "__main__":
