@@ -170,17 +170,18 @@ class Assembly:
         Most events of a chat stream are one choice's text delta with its token ids, the same bytes around the
         text and ids every time. Those are cut out by position and their texts and ids decoded in one batch each,
         which costs a fraction of decoding and folding each event; every other event (the role, tool calls, the
-        finish, usage, errors) goes through the general fold, in order. Equal to `add_events_general` on any
-        stream it accepts (tests/capture/test_assemble.py checks that on generated streams).
+        finish, usage, errors, a text with quotes in it) is decoded on its own and goes through the general fold,
+        in order. Equal to `add_events_general` on any stream it accepts: tests/capture/test_assemble.py checks
+        that on generated streams and on hand-made malformed ones.
         """
         if not data.startswith(b'data: {"id":') or not data.endswith(b"\n\n"):
             return False
         parts = data[6:-2].split(b"\n\ndata: ")
         first = parts[0]
         k = first.find(b',"choices":[')
-        if k < 0:
+        if k < 0 or first.find(b"\n", 0, k) >= 0:
             return False
-        lead = first[: k + 12] + _DELTA_TEXT  # every event of this response starts with these bytes
+        lead = first[: k + 12] + _DELTA_TEXT  # every text delta of this response starts with these bytes
         n = len(lead)
         steps: list[Any] = []
         """In order: an event's index in `others`, `_DONE_STEP` for `[DONE]`, or a run of text deltas (texts, ids)."""
@@ -190,8 +191,10 @@ class Assembly:
         for ev in parts:
             if ev.startswith(lead) and ev.endswith(b"]}]}"):
                 j = ev.rfind(_TEXT_TAIL, n)
-                if j >= 0:
-                    texts.append(ev[n - 1 : j + 1])  # the JSON string, quotes included
+                text = ev[n - 1 : j + 1]  # the JSON string, quotes included
+                # One JSON string when its only quotes are its two ends, the last not escaped (else: decoded alone).
+                if j >= 0 and text.count(b'"') == 2 and text[-2] != 0x5C:
+                    texts.append(text)
                     ids.append(ev[j + _TEXT_TAIL_LEN : -4])  # the ids between `[` and `]}]}`
                     continue
             if texts:
@@ -206,23 +209,24 @@ class Assembly:
                 others.append(ev)
         if texts:
             steps.append((texts, ids))
-        # Decode everything before changing anything: a batch that does not decode to one value per event (or ids
-        # that are not all token ids) leaves the stream to the general path, which reads it exactly.
+        if len(others) * 2 > len(parts):
+            return False  # mostly other events (tool calls, n > 1...): one batch decode is the cheaper way
+        # Decode everything before changing anything: what does not decode (or ids that are not all token ids)
+        # leaves the stream to the general path, which reads it exactly.
         try:
             head = orjson.loads(first[:k] + b"}")
-            decoded = orjson.loads(b"[" + b",".join(others) + b"]") if others else []
+            decoded = [orjson.loads(ev) for ev in others]  # one by one: a batch may pair up broken halves
             runs: list[tuple[list[str], array[int]]] = []
             for step in steps:
                 if type(step) is tuple:
                     run_texts = orjson.loads(b"[" + b",".join(step[0]) + b"]")
-                    run_ids = step[1] if b"" not in step[1] else [i for i in step[1] if i]
-                    run = (run_texts, array("I", orjson.loads(b"[" + b",".join(run_ids) + b"]")))
-                    if len(run_texts) != len(step[0]):
+                    ids_json = b",".join(step[1] if b"" not in step[1] else [i for i in step[1] if i])
+                    if ids_json.find(b"\n") >= 0:  # a line break is JSON whitespace, but ends an SSE line
                         return False
-                    runs.append(run)
+                    runs.append((run_texts, array("I", orjson.loads(b"[" + ids_json + b"]"))))
         except (orjson.JSONDecodeError, TypeError, OverflowError):
             return False
-        if len(decoded) != len(others) or type(head) is not dict or head.keys() != _HEAD_KEYS:
+        if type(head) is not dict or head.keys() != _HEAD_KEYS:
             return False
         choices = self._choices
         run_index = 0

@@ -300,12 +300,85 @@ def test_the_chat_fast_path_equals_the_general_fold(stream: tuple[bytes, bytes])
         assert state(fast) == state(general)
 
 
-@pytest.mark.parametrize("path", [p for p in STREAMS if p.name.startswith("chat")], ids=lambda p: p.name)
-def test_real_chat_streams_take_the_fast_path(path: Path) -> None:
-    raw = path.read_bytes()
+def read_both_ways(raw: bytes) -> tuple[bool, Assembly, Assembly]:
+    """(whether the fast path took it, the fast path's assembly, the general path's)."""
     fast, general = Assembly(chat=True), Assembly(chat=True)
-    assert fast._add_chat_events(raw)
+    before = state(fast)
+    took = fast._add_chat_events(raw)
+    if not took:
+        assert state(fast) == before  # declined: nothing changed
+        fast.add_events_general(raw)
     general.add_events_general(raw)
+    return took, fast, general
+
+
+@pytest.mark.parametrize("path", [p for p in STREAMS if p.name.startswith("chat")], ids=lambda p: p.name)
+def test_real_chat_streams_read_the_same_on_either_path(path: Path) -> None:
+    _, fast, general = read_both_ways(path.read_bytes())
+    assert state(fast) == state(general)
+
+
+def test_text_deltas_with_ids_take_the_fast_path() -> None:
+    """What capture asks vLLM for by default: ids on every delta, no logprobs (with them, the general path)."""
+    took, fast, general = read_both_ways((FIXTURES / "chat-stream-tools-ids.sse").read_bytes())
+    assert took
+    assert state(fast) == state(general)
+
+
+H = b'{"id":"a","object":"o","created":1,"model":"m","choices":['
+ROLE = (
+    b"data: "
+    + H
+    + b'{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+)
+
+
+def text_delta(text: bytes, ids: bytes, head: bytes = H) -> bytes:
+    return (
+        b"data: "
+        + head
+        + b'{"index":0,"delta":{"content":"'
+        + text
+        + b'"},"logprobs":null,"finish_reason":null,"token_ids":['
+        + ids
+        + b"]}]}\n\n"
+    )
+
+
+MALFORMED = {
+    # a line break in the ids or the head: JSON whitespace, but the end of an SSE line
+    "line break in ids": text_delta(b"x", b"1\n"),
+    "line break in later ids": text_delta(b"x", b"1") + text_delta(b"y", b"2\n,3"),
+    "blank line in ids": text_delta(b"x", b"1\n\n,2"),
+    "line break in the head": text_delta(b"x", b"1", head=H.replace(b'"a",', b'"a",\n')),
+    # broken payloads that a batch would decode to as many values as there are events
+    "broken halves": text_delta(b"x", b"1")
+    + b"data: [0\n\n"
+    + text_delta(b"y", b"2")
+    + b"data: 0]\n\ndata: 0,0\n\n",
+    "broken halves around [DONE]": ROLE
+    + b'data: 0,{"id":"b","object":"o","created":1,"model":"m2","choices":[{"index":1,"delta":{"content":"Q"},'
+    b'"finish_reason":"stop"}]}\n\ndata: [0\n\ndata: 0]\n\ndata: [DONE]\n\ndata: 1\n\n',
+    # an escaped closing quote: broken texts that a batch would decode to as many strings
+    "escaped closing quote": text_delta(b"a\\", b"1") + text_delta(b',"q', b"2"),
+    "escaped closing quote, three": text_delta(b"a\\", b"1")
+    + text_delta(b",", b"2")
+    + text_delta(b"b", b"3"),
+    "a quote inside a text": text_delta(b'a\\"b', b"1") + text_delta(b"c", b"2"),
+    "ids that are not token ids": text_delta(b"x", b'1,"a"') + text_delta(b"y", b"[2]"),
+    "ids that close the array": text_delta(b"x", b'1],"q":[2'),
+}
+"""Streams no vLLM sends, where cutting by position could read what the general path does not."""
+
+
+@pytest.mark.parametrize("raw", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_streams_read_the_same_on_either_path(raw: bytes) -> None:
+    try:
+        _, fast, general = read_both_ways(raw)
+    except TypeError:  # ids that are not integers fail the general fold too
+        with pytest.raises(TypeError):
+            Assembly(chat=True).add_events_general(raw)
+        return
     assert state(fast) == state(general)
 
 
@@ -320,3 +393,48 @@ def test_the_fast_path_declines_what_is_not_one_data_line_per_event() -> None:
         asm = Assembly(chat=True)
         assert not asm._add_chat_events(line + odd)
         assert state(asm) == state(Assembly(chat=True))
+
+
+def outcome(read: Any) -> Any:
+    """The state a read leaves, or the type of the exception it raised (both paths must agree on either)."""
+    try:
+        return state(read())
+    except (TypeError, OverflowError) as exc:
+        return type(exc)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    stream=chat_streams(),
+    edits=st.lists(
+        st.tuples(
+            st.integers(min_value=0), st.sampled_from([b"\n", b"\\", b'"', b",", b"[", b"]", b"0", b"\n\n"])
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+)
+def test_corrupted_streams_read_the_same_on_either_path(
+    stream: tuple[bytes, bytes], edits: list[tuple[int, bytes]]
+) -> None:
+    """A few bytes inserted anywhere in a generated stream (kept ending at an event boundary): the fast path
+    declines or reads exactly what the general path reads."""
+    raw = b"".join(stream)
+    for at, byte in edits:
+        at %= max(1, len(raw) - 1)
+        raw = raw[:at] + byte + raw[at:]
+
+    def fast() -> Assembly:
+        asm = Assembly(chat=True)
+        before = state(asm)
+        if not asm._add_chat_events(raw):
+            assert state(asm) == before
+            asm.add_events_general(raw)
+        return asm
+
+    def general() -> Assembly:
+        asm = Assembly(chat=True)
+        asm.add_events_general(raw)
+        return asm
+
+    assert outcome(fast) == outcome(general)
