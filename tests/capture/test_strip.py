@@ -267,3 +267,13 @@ def test_string_content_that_looks_like_stripped_fields_is_never_touched(text: s
     if text in ("token_ids", "prompt_token_ids"):
         want["extra"][text] = None  # then it is the field itself
     assert got == want
+
+
+def test_a_usage_event_goes_wherever_it_comes() -> None:
+    """The usage event the client did not ask for is dropped even before any choice finished (vLLM sends it
+    last, but nothing in the client's view depends on where it is)."""
+    usage = b'data: {"id":"x","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":1}}\n\n'
+    text = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+    t = StreamStripper(Strip(usage=True), chat=True)
+    assert t(usage + text) == text
+    assert t(text + usage + b"data: [DONE]\n\n") == text + b"data: [DONE]\n\n"
