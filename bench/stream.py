@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import resource
 import statistics
 import sys
 import time
@@ -201,7 +202,21 @@ def start_stream_upstream(children: Children, cpus: frozenset[int] | None) -> Ta
     return Target("direct", f"http://127.0.0.1:{port}/v1/chat/completions", pid=children.pid("upstream"))
 
 
+def raise_open_files(idle: int) -> None:
+    """2 x `idle` streams are held at once, each a socket here and two in the server: lift the soft limit on open
+    files to what that needs (the servers started after inherit it), or say why it cannot be."""
+    needed = 4 * idle + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise BenchError(
+                f"--idle {idle} needs {needed} open files; the hard limit is {hard} (ulimit -Hn)"
+            )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
 def run(args: argparse.Namespace, tmp: Path) -> int:
+    raise_open_files(args.idle)
     cpus = Placement.choose(pin=not args.no_pin)
     chain = tuple(name.strip() for name in args.chain.split(",") if name.strip())
     info = machine()
