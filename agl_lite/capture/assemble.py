@@ -30,7 +30,6 @@ _TEXT_TAIL = b'"},"logprobs":null,"finish_reason":null,"token_ids":['
 """Between the text and the ids of a text delta; the event ends with `]}]}` after the ids."""
 _TEXT_TAIL_LEN = len(_TEXT_TAIL)
 _HEAD_KEYS = {"id", "object", "created", "model"}
-_DONE_STEP = None
 
 
 def error_message(err: Any) -> str:
@@ -184,10 +183,11 @@ class Assembly:
         lead = first[: k + 12] + _DELTA_TEXT  # every text delta of this response starts with these bytes
         n = len(lead)
         steps: list[Any] = []
-        """In order: an event's index in `others`, `_DONE_STEP` for `[DONE]`, or a run of text deltas (texts, ids)."""
+        """In order: an event's payload (then, decoded, a list of that one event), None for `[DONE]`, or a run of
+        text deltas (their texts and ids as JSON; then, decoded, the texts and an id array)."""
         texts: list[bytes] = []
         ids: list[bytes] = []
-        others: list[bytes] = []
+        others = 0
         for ev in parts:
             if ev.startswith(lead) and ev.endswith(b"]}]}"):
                 j = ev.rfind(_TEXT_TAIL, n)
@@ -201,50 +201,47 @@ class Assembly:
                 steps.append((texts, ids))
                 texts, ids = [], []
             if ev == b"[DONE]":
-                steps.append(_DONE_STEP)
+                steps.append(None)
             elif ev.find(b"\n") >= 0:  # not one data line: comments, other fields, multi-line data
                 return False
             else:
-                steps.append(len(others))
-                others.append(ev)
+                steps.append(ev)
+                others += 1
         if texts:
             steps.append((texts, ids))
-        if len(others) * 2 > len(parts):
+        if others * 2 > len(parts):
             return False  # mostly other events (tool calls, n > 1...): one batch decode is the cheaper way
         # Decode everything before changing anything: what does not decode (or ids that are not all token ids)
         # leaves the stream to the general path, which reads it exactly.
         try:
             head = orjson.loads(first[:k] + b"}")
-            decoded = [orjson.loads(ev) for ev in others]  # one by one: a batch may pair up broken halves
-            runs: list[tuple[list[str], array[int]]] = []
-            for step in steps:
-                if type(step) is tuple:
+            for i, step in enumerate(steps):
+                if type(step) is bytes:
+                    steps[i] = [orjson.loads(step)]  # one by one: a batch may pair up broken halves
+                elif step is not None:
                     run_texts = orjson.loads(b"[" + b",".join(step[0]) + b"]")
-                    ids_json = b",".join(step[1] if b"" not in step[1] else [i for i in step[1] if i])
+                    ids_json = b",".join(step[1] if b"" not in step[1] else [x for x in step[1] if x])
                     if ids_json.find(b"\n") >= 0:  # a line break is JSON whitespace, but ends an SSE line
                         return False
-                    runs.append((run_texts, array("I", orjson.loads(b"[" + ids_json + b"]"))))
+                    steps[i] = (run_texts, array("I", orjson.loads(b"[" + ids_json + b"]")))
         except (orjson.JSONDecodeError, TypeError, OverflowError):
             return False
         if type(head) is not dict or head.keys() != _HEAD_KEYS:
             return False
         choices = self._choices
-        run_index = 0
         for step in steps:
-            if type(step) is int:
-                self._fold(decoded[step : step + 1])
-            elif step is _DONE_STEP:
+            if type(step) is list:
+                self._fold(step)
+            elif step is None:
                 self.done = True
             else:
-                run_texts, run_ids = runs[run_index]
-                run_index += 1
                 if self.response_id is None:
                     self._head(head)
                 c = choices.get(0)
                 if c is None:
                     c = choices[0] = _Choice(0)
-                c.text += run_texts
-                c.ids.extend(run_ids)
+                c.text += step[0]
+                c.ids.extend(step[1])
         return True
 
     def add_events_exact(self, data: bytes) -> None:
