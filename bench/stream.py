@@ -267,6 +267,11 @@ def run(args: argparse.Namespace, tmp: Path) -> int:
     return 0 if ok else 4
 
 
+def added_p99(rows: dict[tuple[str, int], Row]) -> dict[tuple[str, int], float]:
+    """What each cell's p99 adds to direct's at the same concurrency, in ms."""
+    return {(name, c): row.pct(99) - rows[("direct", c)].pct(99) for (name, c), row in rows.items()}
+
+
 def report(
     rows: dict[tuple[str, int], Row], idle: dict[str, tuple[float, int, int]], n: int
 ) -> tuple[list[str], bool]:
@@ -274,7 +279,7 @@ def report(
     lines = [
         f"{'target':12} {'c':>3} {'deltas':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'added p99':>9}"
     ]
-    added = {(name, c): row.pct(99) - rows[("direct", c)].pct(99) for (name, c), row in rows.items()}
+    added = added_p99(rows)
     for (name, c), row in rows.items():
         lines.append(
             f"{name:12} {c:>3} {len(row.delays_ns):>7} {row.pct(50):>7.2f} {row.pct(99):>7.2f} "
@@ -310,12 +315,12 @@ def markdown(rows: dict[tuple[str, int], Row], idle: dict[str, tuple[float, int,
         "| target | c | text deltas | p50 ms | p99 ms | max ms | added p99 ms | KB per idle stream |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    added = added_p99(rows)
     for (name, c), row in rows.items():
-        added = row.pct(99) - rows[("direct", c)].pct(99)
         kb = f"{idle[name][0]:.1f}" if name in idle and c == CONCURRENCY[-1] else "—"
         out.append(
             f"| {name} | {c} | {len(row.delays_ns):,} | {row.pct(50):.2f} | {row.pct(99):.2f} | "
-            f"{max(row.delays_ns) / 1e6:.2f} | {'—' if name == 'direct' else f'{added:+.2f}'} | {kb} |"
+            f"{max(row.delays_ns) / 1e6:.2f} | {'—' if name == 'direct' else f'{added[(name, c)]:+.2f}'} | {kb} |"
         )
     return out
 

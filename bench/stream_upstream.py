@@ -17,15 +17,22 @@ import argparse
 import asyncio
 import time
 
-from upstream import CHAT_ID, CREATED, MODEL, MODELS, NOT_FOUND, PROMPT_IDS, next_request, serve
+from upstream import (
+    CHAT_ID,
+    CREATED,
+    MODEL,
+    MODELS,
+    NOT_FOUND,
+    PROMPT_IDS,
+    SSE_HEAD,
+    chunk,
+    next_request,
+    serve,
+)
 
 TICK_EVENTS = 40
 TICK_INTERVAL_S = 0.010
 
-_HEAD = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-    b"Cache-Control: no-cache\r\n\r\n"
-)
 _PREFIX = b'data: {"id":"%s","object":"chat.completion.chunk","created":%d,"model":"%s","choices":[' % (
     CHAT_ID.encode(),
     CREATED,
@@ -48,10 +55,6 @@ _USAGE = _PREFIX + (
     % (len(PROMPT_IDS), len(PROMPT_IDS) + TICK_EVENTS + 1, TICK_EVENTS + 1)
 )
 _DONE = b"data: [DONE]\n\n"
-
-
-def chunk(event: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(event), event)
 
 
 class StreamUpstream(asyncio.Protocol):
@@ -84,10 +87,10 @@ class StreamUpstream(asyncio.Protocol):
                 self.transport.write(MODELS)
             elif b'"user":"hold"' in body:
                 self.busy = True  # nothing more on this connection: the client closes it
-                self.transport.write(_HEAD + chunk(_ROLE))
+                self.transport.write(SSE_HEAD + chunk(_ROLE))
             elif b'"user":"tick"' in body:
                 self.busy = True
-                self.transport.write(_HEAD + chunk(_ROLE))
+                self.transport.write(SSE_HEAD + chunk(_ROLE))
                 usage = b'"include_usage":true' in body
                 asyncio.get_running_loop().call_later(TICK_INTERVAL_S, self._tick, 0, usage)
             else:

@@ -145,16 +145,22 @@ NOT_FOUND = (
 )
 
 
+SSE_HEAD = _head("200 OK", "text/event-stream", "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n")
+"""The head of a streamed answer: chunked, one chunk per SSE event."""
+
+
+def chunk(event: bytes) -> bytes:
+    """One chunked-encoding chunk."""
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
 def stream_writes(n: int) -> list[bytes]:
     """The stream as `n` writes of whole SSE events, one chunked-encoding chunk per event; the headers ride with
     the first write, the terminating chunk with the last."""
-    events = [b"%x\r\n%s\r\n" % (len(ev), ev) for ev in stream_events()]
+    events = [chunk(ev) for ev in stream_events()]
     n = max(1, min(n, len(events)))
     writes = [b"".join(events[i * len(events) // n : (i + 1) * len(events) // n]) for i in range(n)]
-    writes[0] = (
-        _head("200 OK", "text/event-stream", "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n")
-        + writes[0]
-    )
+    writes[0] = SSE_HEAD + writes[0]
     writes[-1] += b"0\r\n\r\n"
     return writes
 
