@@ -7,11 +7,11 @@ a grader key likewise. Sets `auth.role`, `auth.rollout_id`, `auth.attempt_id`. N
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.flow import Flow
+from agl_lite.core.key_source import key_file, read_key
 from agl_lite.core.keys import KeyRole, identify
 from agl_lite.core.routes import Scope
 from agl_lite.core.services import LoadContext
@@ -42,7 +42,9 @@ class Auth:
     @dataclass(frozen=True, slots=True)
     class Options:
         key_env: str = option(
-            "AGL_KEY", "Environment variable holding the admin key (at least 16 characters)."
+            "AGL_KEY",
+            "Environment variable holding the admin key (at least 16 characters); or `AGL_KEY_FILE`, the file "
+            "that holds it.",
         )
 
     admin_key: str = ""
@@ -55,7 +57,10 @@ class Auth:
     def configure(self, config: GatewayConfig, options: Auth.Options | None) -> None:
         options = options or Auth.Options()
         self.store = self._ctx.services.get(STORE) if self._ctx is not None else None
-        key = os.environ.get(options.key_env, "")
+        key = read_key(options.key_env)
+        path = key_file(options.key_env)
+        if path is not None and self._ctx is not None:
+            self._ctx.private_paths.add(path.resolve())
         if not key:
             raise ConfigError(
                 f"the admin key is not set: export {options.key_env}=$(openssl rand -hex 32) before starting agl-lite"

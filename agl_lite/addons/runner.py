@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from agl_lite.client import AglLiteClient
 from agl_lite.core.config import GatewayConfig, option
+from agl_lite.core.key_source import key_file, read_key
 from agl_lite.core.routes import ID_PATTERN
 from agl_lite.core.services import LoadContext
 from agl_lite.errors import ConfigError
@@ -87,6 +88,16 @@ class AgentRunner:
         output_tail_bytes: int = option(
             4096, f"Bytes of an attempt's last output kept in its message (at most {MAX_TAIL_BYTES})."
         )
+        isolation: Literal["namespaces", "none"] = option(
+            "namespaces",
+            "`namespaces`: each local agent and grader in its own user, mount and PID namespaces (docs/runners.md); "
+            "`none`: unconfined, for machines without user namespaces.",
+        )
+        writable: tuple[str, ...] = option(
+            (),
+            "Paths local agents may write besides their own HOME, TMPDIR and AGL_RESULT_DIR, relative to the "
+            "config file (with `namespaces` everything else is read-only).",
+        )
         k8s: Mapping[str, Any] = option({}, "Options of the `k8s` backend (docs/controller.md).")
 
     runner: Runner | None = None
@@ -99,7 +110,10 @@ class AgentRunner:
         o = options or AgentRunner.Options()
         where = f"{config.source}: addons.runner"
         _check(o, where)
-        admin_key = os.environ.get(o.key_env, "")
+        admin_key = read_key(o.key_env)
+        path = key_file(o.key_env)
+        if path is not None:
+            self._ctx.private_paths.add(path.resolve())
         if not admin_key:
             raise ConfigError(
                 f"{where}: the admin key is not set: export {o.key_env} (the gateway's AGL_KEY)"
@@ -120,6 +134,9 @@ class AgentRunner:
             pass_env=o.pass_env,
             workdir=(config.base_dir / o.workdir).resolve() if o.workdir else Path.cwd(),
             output_tail_bytes=o.output_tail_bytes,
+            isolation=o.isolation,
+            writable=tuple((config.base_dir / w).resolve() for w in o.writable),
+            private_paths=self._ctx.private_paths,
             config_file=config.source,
         )
         if o.backend == "local":

@@ -42,8 +42,10 @@ class Storage:
         if options.backend == "memory":
             self.store = MemoryStore()
         else:
+            path = (config.base_dir / options.path).resolve()
+            self._ctx.private_paths.add(path)  # with its -wal and -shm beside it
             self.store = await SQLiteStore.open(
-                config.base_dir / options.path,
+                path,
                 synchronous=options.synchronous,
                 batch=options.batch,
                 queue_size=options.queue_size,

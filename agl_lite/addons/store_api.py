@@ -6,7 +6,6 @@ Answers by setting `flow.response`; validates every payload (pydantic) before th
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
@@ -16,6 +15,7 @@ from multidict import CIMultiDict
 
 from agl_lite.core.config import GatewayConfig
 from agl_lite.core.flow import Flow, Response
+from agl_lite.core.key_source import read_key
 from agl_lite.core.keys import KeyRole
 from agl_lite.core.routes import ATTRIBUTED_PREFIX, HttpRoute, RouteKind, Scope
 from agl_lite.core.services import LoadContext
@@ -164,7 +164,7 @@ class StoreApi:
     def configure(self, config: GatewayConfig, options: None) -> None:
         self.store: Store = self._ctx.services.require(STORE, by="store_api")
         self.public_url = config.public_url
-        self.admin_key = os.environ.get("AGL_KEY", "")
+        self.admin_key = read_key("AGL_KEY")
         # by route name, resolved once: this runs on every request of the chain, LLM calls included
         self._handlers: dict[str, tuple[HttpRoute, Handler]] = {
             r.name: (r, getattr(self, r.name.replace(".", "_"))) for r in ROUTES

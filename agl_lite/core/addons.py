@@ -7,8 +7,10 @@ Handlers may be sync or async. A failing handler is logged with its addon's name
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -64,6 +66,13 @@ def load_chain(config: GatewayConfig) -> list[LoadedAddon]:
     return loaded
 
 
+def _config_files(config: GatewayConfig) -> set[Path]:
+    """The config's own files: private to the gateway, like the store (`LoadContext.private_paths`)."""
+    if config.source == "<defaults>":
+        return set()
+    return {Path(os.path.realpath(p)) for p in (config.source, config.routes_path)}
+
+
 class AddonManager:
     def __init__(self, addons: Sequence[LoadedAddon], ctx: LoadContext | None = None) -> None:
         self.addons = list(addons)
@@ -105,6 +114,7 @@ class AddonManager:
 
     async def configure(self, config: GatewayConfig) -> None:
         options = {item.name: item.options for item in self.addons}
+        self.ctx.private_paths.update(_config_files(config))
         for h in self._handlers["configure"]:
             await self._call_strict(h, config, options[h.addon])
 

@@ -6,6 +6,7 @@ Keys are typed (`ServiceKey[T]`), like aiohttp's `AppKey`: a store addon provide
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from agl_lite.core.routes import HttpRoute
@@ -61,3 +62,6 @@ class LoadContext:
     tasks: TaskSet = field(default_factory=TaskSet)
     routes: tuple[HttpRoute, ...] = ()
     """Every HTTP route of the chain (set before `load`), e.g. for an OpenAPI document."""
+    private_paths: set[Path] = field(default_factory=set)
+    """Files no agent may read: the store's, key files, the config. Addons add theirs while they are configured;
+    the local runner masks them from the agents it starts."""

@@ -27,10 +27,10 @@ every `resync_s`, `launch`/`cancel` per rollout, and `close` once at shutdown.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from agl_lite.store.records import Attempt, AttemptStatus, Rollout, RolloutStatus
 
@@ -132,6 +132,13 @@ class RunnerSettings:
     """Working directory of local agent processes."""
     output_tail_bytes: int = 4096
     """How much of an attempt's last output is kept in its message."""
+    isolation: Literal["namespaces", "none"] = "namespaces"
+    """How local processes are confined (`agl_lite.runner.sandbox`); `none` only where that cannot run."""
+    writable: tuple[Path, ...] = ()
+    """Paths local agents may write besides their own directories (with `namespaces`, all else is read-only)."""
+    private_paths: Collection[Path] = ()
+    """Files no local agent may read (the store, key files, the config), read at each launch: addons add to it
+    while they are configured."""
     config_file: str = "<defaults>"
     """The config file, for error messages."""
 

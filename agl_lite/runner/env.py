@@ -41,11 +41,14 @@ def process_env(
     pass_env: Iterable[str],
     extra: Mapping[str, str],
     source: Mapping[str, str] | None = None,
+    private: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """A local process's whole env: the named variables of `source` (the runner's env), then `extra`, then the
-    contract, which wins; AGL_KEY is dropped whatever the config says."""
+    """A local process's whole env: the named variables of `source` (the runner's env), then `private` (its own
+    HOME and TMPDIR in the sandbox), then `extra`, then the contract, which wins; AGL_KEY is dropped whatever the
+    config says."""
     src = os.environ if source is None else source
     env = {name: src[name] for name in pass_env if name in src}
+    env.update(private or {})
     env.update(extra)
     env.update(contract)
     for name in FORBIDDEN_ENV:

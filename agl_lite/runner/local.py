@@ -1,28 +1,39 @@
 """The local backend (the embedded default): each attempt is one local process with exactly the agent env, then,
 when the rollout has a grading step, a second process with the grader env; the runner core owns retries.
 
-The agent and its grader share a fresh directory, `AGL_RESULT_DIR`, removed after the attempt. A timeout, a
-cancel or the runner stopping signals the whole process group (SIGTERM, SIGKILL after `grace_s`). The tail of
-the output goes into the attempt's message, with the rollout's keys redacted.
+With `isolation = "namespaces"` (the default) each step runs in `sandbox.py`'s namespaces: it sees only its own
+processes, cannot read the store, key or config files, writes only its own directories (its HOME and TMPDIR, and
+`AGL_RESULT_DIR`, which the agent and its grader share), and everything it started ends with it. A timeout, a
+cancel or the runner stopping signals the whole attempt (SIGTERM, SIGKILL after `grace_s`). The tail of the
+output goes into the attempt's message, with the rollout's keys redacted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agl_lite.errors import ConfigError
 from agl_lite.runner.base import Launch, Outcome, RunnerSettings, RunnerStore
 from agl_lite.runner.env import process_env
 from agl_lite.runner.process import Exit, GroupProcess
+from agl_lite.runner.sandbox import CANNOT_EXEC, SETUP_FAILED
 from agl_lite.store.records import Attempt, AttemptStatus, Rollout
 
-__all__ = ["LocalBackend"]
+__all__ = ["SANDBOX", "LocalBackend", "SandboxError"]
+
+SANDBOX = Path(__file__).with_name("sandbox.py")
+SANDBOX_PREFIX = "agl-lite sandbox: "
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 SECRET_VARS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AGL_GRADER_KEY")
 REDACTED = "[redacted]"
@@ -36,6 +47,10 @@ class _Run:
     stopped: AttemptStatus | None = None
 
 
+class SandboxError(ConfigError):
+    """The namespaces cannot be set up on this machine."""
+
+
 class LocalBackend:
     owns_retries = False
 
@@ -45,9 +60,51 @@ class LocalBackend:
         self.settings = settings
         self._runs: dict[str, _Run] = {}
         self._closed = False
+        self._base: Path | None = None
 
     async def open(self, store: RunnerStore, runner_id: str) -> None:
-        """Nothing to connect to."""
+        """With namespaces: check once that they can be set up here, so that no rollout fails for it."""
+        if self.settings.isolation == "namespaces":
+            await self.check_sandbox()
+
+    async def check_sandbox(self) -> None:
+        """SandboxError saying why, and what to do, when `sandbox.py` cannot run here."""
+        base = self._base_dir()
+        own = Path(tempfile.mkdtemp(dir=base))
+        try:
+            proc = await GroupProcess.start(
+                self._sandboxed(["true"], [own], []), env={"PATH": os.defpath}, cwd=base, tail_bytes=4096
+            )
+            result = await proc.wait(30.0, 1.0)
+        finally:
+            shutil.rmtree(own, ignore_errors=True)
+        if result.returncode != 0:
+            why = result.output.strip().removeprefix(SANDBOX_PREFIX) or f"exit code {result.returncode}"
+            raise SandboxError(
+                f"{self.settings.config_file}: addons.runner: local agents cannot be isolated here ({why}). "
+                "They run in new user, mount and PID namespaces, which needs unprivileged user namespaces "
+                "(sysctl kernel.unprivileged_userns_clone=1; on Ubuntu also "
+                "kernel.apparmor_restrict_unprivileged_userns=0) and Linux 5.12 or later. Where that cannot be "
+                'had, isolation = "none" runs agents unconfined: see docs/runners.md for what they can reach then'
+            )
+
+    def _base_dir(self) -> Path:
+        """The directory every attempt's own directories live under; masked as a whole inside the sandbox."""
+        if self._base is None:
+            self._base = Path(tempfile.mkdtemp(prefix="agl-runs-"))
+        return self._base
+
+    def _sandboxed(self, argv: Sequence[str], own: Sequence[Path], writable: Sequence[Path]) -> list[str]:
+        private = []
+        for path in self.settings.private_paths:
+            private += [path, *(path.with_name(path.name + side) for side in SQLITE_SIDE_FILES)]
+        spec = {
+            "own": [str(p) for p in (*own, *writable)],
+            "mask_dirs": [str(self._base_dir())],
+            "mask_files": sorted({str(p) for p in private if p.is_file()}),
+            "runner_pid": os.getpid(),
+        }
+        return [_sandbox_python(), "-I", "-S", str(SANDBOX), json.dumps(spec), *argv]
 
     async def reconcile(self, running: Sequence[tuple[Rollout, list[Attempt]]]) -> None:
         """Nothing to do: a process this backend started ends with its launch, so the core knows all of them."""
@@ -70,22 +127,28 @@ class LocalBackend:
         if self._closed:
             return Outcome(AttemptStatus.LOST, message="the runner is stopping")
         run = self._runs[rid] = _Run()
-        result_dir = tempfile.mkdtemp(prefix=f"agl-{rid}-") if plan.grading else None
+        attempt_dir = Path(tempfile.mkdtemp(prefix=f"{rid}-", dir=self._base_dir()))
+        result_dir = attempt_dir / "result"
         try:
-            shared = {"AGL_RESULT_DIR": result_dir} if result_dir else {}
+            shared: dict[str, str] = {}
+            if plan.grading:
+                result_dir.mkdir()
+                shared["AGL_RESULT_DIR"] = str(result_dir)
             secrets = [v for k, v in {**launch.env, **launch.grader_env}.items() if k in SECRET_VARS and v]
             agent = await self._step(
-                run, "agent", plan.command, {**launch.env, **shared}, plan.env, plan.timeout_s, secrets
+                run,
+                _Step("agent", plan.command, attempt_dir, plan.timeout_s),
+                {**launch.env, **shared},
+                plan.env,
+                secrets,
             )
             if agent.status is not AttemptStatus.SUCCEEDED or not plan.grading:
                 return agent
             grader = await self._step(
                 run,
-                "grader",
-                plan.grader_command,
+                _Step("grader", plan.grader_command, attempt_dir, plan.grader_timeout_s),
                 {**launch.grader_env, **shared},
                 plan.env,
-                plan.grader_timeout_s,
                 secrets,
             )
             if grader.status is AttemptStatus.SUCCEEDED:
@@ -94,22 +157,39 @@ class LocalBackend:
         finally:
             if self._runs.get(rid) is run:
                 del self._runs[rid]
-            if result_dir is not None:
-                shutil.rmtree(result_dir, ignore_errors=True)
+            shutil.rmtree(attempt_dir, ignore_errors=True)
 
     async def _step(
         self,
         run: _Run,
-        step: str,
-        argv: Sequence[str],
+        step: _Step,
         contract: Mapping[str, str],
         extra: Mapping[str, str],
-        timeout_s: float | None,
         secrets: Sequence[str],
     ) -> Outcome:
+        name, argv = step.name, step.argv
         if run.stopped is not None:
-            return Outcome(run.stopped, message=f"{step} not started: {_why(run.stopped)}")
-        env = process_env(contract, pass_env=self.settings.pass_env, extra=extra)
+            return Outcome(run.stopped, message=f"{name} not started: {_why(run.stopped)}")
+        sandboxed = self.settings.isolation == "namespaces"
+        own: dict[str, str] = {}
+        if sandboxed:  # its own HOME and TMPDIR: nothing else is writable
+            for var, sub in (("HOME", "home"), ("TMPDIR", "tmp")):
+                path = step.attempt_dir / name / sub
+                path.mkdir(parents=True)
+                own[var] = str(path)
+        env = process_env(contract, pass_env=self.settings.pass_env, extra=extra, private=own)
+        program_error = _cannot_start(argv[0], env, self.settings.workdir)
+        if program_error is not None:
+            return Outcome(
+                AttemptStatus.FAILED,
+                message=f"{name}: cannot start {argv[0]!r}: {program_error}",
+                retryable=False,
+            )
+        if sandboxed:
+            mine = [step.attempt_dir / name]
+            if "AGL_RESULT_DIR" in contract:
+                mine.append(Path(contract["AGL_RESULT_DIR"]))
+            argv = self._sandboxed(argv, mine, self.settings.writable)
         try:
             proc = await GroupProcess.start(
                 argv, env=env, cwd=self.settings.workdir, tail_bytes=self.settings.output_tail_bytes
@@ -117,17 +197,20 @@ class LocalBackend:
         except OSError as exc:
             return Outcome(
                 AttemptStatus.FAILED,
-                message=f"{step}: cannot start {argv[0]!r}: {exc.strerror or exc}",
+                message=f"{name}: cannot start {argv[0]!r}: {exc.strerror or exc}",
                 retryable=False,
             )
         run.proc = proc
         if run.stopped is not None:  # stopped while it was being started
             await proc.stop(self.settings.grace_s)
         try:
-            result = await proc.wait(timeout_s, self.settings.grace_s)
+            result = await proc.wait(step.timeout_s, self.settings.grace_s)
         finally:
             run.proc = None
-        return self._outcome(step, result, run.stopped, timeout_s, secrets)
+        if sandboxed and result.returncode in (SETUP_FAILED, CANNOT_EXEC) and SANDBOX_PREFIX in result.output:
+            why = result.output[result.output.rindex(SANDBOX_PREFIX) + len(SANDBOX_PREFIX) :].strip()
+            return Outcome(AttemptStatus.FAILED, result.returncode, f"{name}: {why}", retryable=False)
+        return self._outcome(name, result, run.stopped, step.timeout_s, secrets)
 
     def _outcome(
         self,
@@ -160,6 +243,8 @@ class LocalBackend:
     async def close(self) -> None:
         self._closed = True
         await asyncio.gather(*(self._stop(rid, AttemptStatus.LOST) for rid in list(self._runs)))
+        if self._base is not None and not self._runs:
+            shutil.rmtree(self._base, ignore_errors=True)
 
     async def _stop(self, rollout_id: str, why: AttemptStatus) -> None:
         run = self._runs.get(rollout_id)
@@ -168,6 +253,35 @@ class LocalBackend:
         run.stopped = why
         if run.proc is not None:
             await run.proc.stop(self.settings.grace_s)
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    name: str
+    """`agent` or `grader`; also the name of its own directory in the attempt's."""
+    argv: Sequence[str]
+    attempt_dir: Path
+    timeout_s: float | None
+
+
+def _sandbox_python() -> str:
+    """`sandbox.py` needs only the standard library: this interpreter, or where this user may not start it again
+    (a venv over an interpreter in a home directory it cannot enter), any `python3` on the PATH."""
+    if os.access(sys.executable, os.X_OK):
+        return sys.executable
+    return shutil.which("python3") or sys.executable
+
+
+def _cannot_start(program: str, env: Mapping[str, str], cwd: Path) -> str | None:
+    """Why exec would fail for `program` (as the runner's own start used to report it), or None."""
+    if "/" in program:
+        path = cwd / program
+        if not path.exists():
+            return os.strerror(2)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            return os.strerror(13)
+        return None
+    return None if shutil.which(program, path=env.get("PATH", os.defpath)) else os.strerror(2)
 
 
 def _why(status: AttemptStatus) -> str:

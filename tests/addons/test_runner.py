@@ -18,7 +18,7 @@ from agl_lite.service import build_gateway, check_config, running_gateway
 from agl_lite.store.base import STORE, RolloutSpec
 from agl_lite.store.records import AttemptStatus, RolloutConfig, RolloutStatus
 from agl_lite.testing.gateway import write_config
-from tests.runner.probe import exited, running_probe
+from tests.runner.probe import exited, marked_pids, running_probe
 
 CHAIN = ("store", "runner")
 
@@ -124,12 +124,14 @@ async def test_a_runner_only_process_reaches_the_store_over_http(tmp_path: Path)
 
 async def test_the_gateway_starts_and_stops_the_runner(tmp_path: Path) -> None:
     async with running_probe() as probe:
-        script = f'sleep 60 & curl -sf "{probe.url}/started/$AGL_ROLLOUT_ID?pid=$$&child=$!" >/dev/null; wait'
+        script = f'sleep {probe.marker} & curl -sf "{probe.url}/started/$AGL_ROLLOUT_ID" >/dev/null; wait'
         cfg = config(tmp_path, command=["/bin/sh", "-c", script], grace_s=0.2)
         async with running_gateway(cfg) as gw:
             store = gw.addons.ctx.services.require(STORE, by="test")
             await store.enqueue([RolloutSpec({"q": 1}, config=RolloutConfig(max_attempts=2), id="ro-1")])
-            pids = await probe.wait_started("ro-1")
+            await probe.wait_started("ro-1")
+            pids = marked_pids(probe.marker)
+            assert len(pids) >= 2
         for pid in pids:  # stopped with the gateway
             await exited(pid)
     assert (

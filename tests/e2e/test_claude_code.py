@@ -104,6 +104,7 @@ async def _run(tmp: Path) -> Run:
     runner = {
         "command": [*prefix, str(CLAUDE), "-p", prompt, "--allowedTools", "Write"],
         "workdir": str(project),
+        "writable": [str(tmp)],  # the test reads what the agent leaves there (the sandbox: docs/runners.md)
         "timeout_s": 120.0,
         "grace_s": 1.0,
         "pass_env": ["PATH"],

@@ -169,6 +169,7 @@ async def _run(tmp: Path, edits: Sequence[Edit]) -> Outcome:
         "command": [sys.executable, "-c", ENV_DUMP, str(envs), str(EXAMPLE / "agent.py")],
         "grader_command": [sys.executable, str(EXAMPLE / "grade.py")],
         "workdir": str(tmp),
+        "writable": [str(tmp)],  # the test reads what the agent leaves there (the sandbox: docs/runners.md)
         "concurrency": 2,
         "timeout_s": 150.0,
         "grader_timeout_s": 120.0,

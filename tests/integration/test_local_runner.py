@@ -27,7 +27,7 @@ from agl_lite.store.records import AttemptStatus, RolloutConfig, RolloutStatus
 from agl_lite.testing import MockVLLM, running_mock
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 from tests.runner.agents import GRADED_AGENT, GRADER, SH_AGENT, RunnerHarness
-from tests.runner.probe import Probe, exited, kill_group, running_probe
+from tests.runner.probe import Probe, exited, marked_pids, running_probe
 
 CAPTURE_CHAIN = ("store", "auth", "store_api", "route", "capture", "sink")
 
@@ -49,8 +49,8 @@ if marker and not os.path.exists(marker):
 
 
 def hanging_agent(probe: Probe) -> list[str]:
-    """Reports its pid and its child's to the probe, then waits forever."""
-    script = f'sleep 60 & curl -sf "{probe.url}/started/$AGL_ROLLOUT_ID?pid=$$&child=$!" >/dev/null; wait'
+    """Starts a child, reports to the probe, then waits forever; `marked_pids(probe.marker)` finds both."""
+    script = f'sleep {probe.marker} & curl -sf "{probe.url}/started/$AGL_ROLLOUT_ID" >/dev/null; wait'
     return ["/bin/sh", "-c", script]
 
 
@@ -81,7 +81,7 @@ def start(gateway_factory: GatewayFactory, mock: tuple[MockVLLM, str], tmp_path:
         chain = CAPTURE_CHAIN + (("runner",) if runner is not None else ())
         addons: dict[str, Any] = {"store": {"backend": "sqlite", "path": "agl.db"}}
         if runner is not None:
-            addons["runner"] = {"grace_s": 0.5, **runner}
+            addons["runner"] = {"grace_s": 0.5, "writable": [str(tmp_path)], **runner}
         async with (
             gateway_factory({"smollm2": [mock[1]]}, chain=chain, addons=addons) as gw,
             AglLiteClient(gateway_url(gw), ADMIN_KEY) as client,
@@ -126,24 +126,26 @@ async def test_an_agent_failing_its_first_attempt_succeeds_on_a_fresh_one(start:
     assert [c.attempt_id for c in calls] == [first.id, second.id]  # each attempt called with its own id
 
 
-async def test_a_hanging_agent_is_killed_at_its_timeout(start: Any, tmp_path: Path) -> None:
-    pids = tmp_path / "pids"
-    agent = ["/bin/sh", "-c", f'sleep 60 & echo "$$ $!" > {pids}; wait']  # builtins: the pids are in at once
-    async with start(runner={}) as s:
-        (rid,) = await s.enqueue([spec(agent, timeout_s=1.0)])
+async def test_a_hanging_agent_is_killed_at_its_timeout(start: Any) -> None:
+    async with running_probe() as probe, start(runner={}) as s:
+        (rid,) = await s.enqueue([spec(hanging_agent(probe), timeout_s=3.0)])
+        await probe.wait_started(rid)
+        pids = marked_pids(probe.marker)
+        assert len(pids) >= 2  # the agent and the child it started
         done = await s.wait([rid])
         (attempt,) = await s.client.attempts(rid)
-    for pid in pids.read_text().split():  # the agent and the child it started
-        await exited(int(pid))
+    for pid in pids:
+        await exited(pid)
     assert attempt.status is AttemptStatus.TIMEOUT
-    assert (attempt.message or "").startswith("agent timed out after 1 s")
+    assert (attempt.message or "").startswith("agent timed out after 3 s")
     assert done[rid].status is RolloutStatus.FAILED
 
 
 async def test_cancel_kills_the_running_attempt(start: Any) -> None:
     async with running_probe() as probe, start(runner={}) as s:
         (rid,) = await s.enqueue([spec(hanging_agent(probe), max_attempts=3)])
-        pids = await probe.wait_started(rid)
+        await probe.wait_started(rid)
+        pids = marked_pids(probe.marker)
         await s.client.cancel(rid, "not needed any more")
         for pid in pids:
             await exited(pid)
@@ -279,7 +281,7 @@ async def test_fifty_python_agents_with_the_openai_sdk_complete(start: Any, tmp_
 
 RESTART_AGENT = """
 set -eu
-curl -sf "$PROBE/started/$AGL_ROLLOUT_ID.$AGL_ATTEMPT_ID?pid=$$" >/dev/null
+curl -sf "$PROBE/started/$AGL_ROLLOUT_ID.$AGL_ATTEMPT_ID" >/dev/null
 curl -sf -H "Authorization: Bearer $OPENAI_API_KEY" -H "Content-Type: application/json" \\
   "$OPENAI_BASE_URL/chat/completions" -d '{"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}'
 """
@@ -316,9 +318,11 @@ async def test_a_killed_and_restarted_runner_process_leaves_no_rollout_running(
         finally:
             first.send_signal(signal.SIGKILL)
             await first.wait()
-        for pids in started.values():  # the orphans of the killed runner (own sessions: they live on)
-            kill_group(pids[0])
-            await exited(pids[0])
+        assert len(started) == 3
+        for pid in marked_pids(
+            probe.url
+        ):  # the killed runner's agents, held in their report: they end with it
+            await exited(pid)
         running = [r for r in await s.client.list_rollouts() if r.status is RolloutStatus.RUNNING]
         assert len(running) == 3
         probe.hold = False

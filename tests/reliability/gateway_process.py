@@ -12,7 +12,7 @@ import contextlib
 import os
 import re
 import sys
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,10 +74,18 @@ async def _drain(stream: asyncio.StreamReader, lines: list[str]) -> None:
 
 
 async def start_gateway(
-    config: Path, *, env: Mapping[str, str], ready_timeout: float = READY_TIMEOUT_S
+    config: Path,
+    *,
+    env: Mapping[str, str],
+    ready_timeout: float = READY_TIMEOUT_S,
+    prefix: Sequence[str] = (),
+    replace_env: bool = False,
 ) -> GatewayProcess:
-    """Start the gateway and wait (bounded) for its `gateway listening` line; stderr is kept in `.stderr`."""
+    """Start the gateway (behind `prefix`, e.g. `setpriv` to run it as another user; with exactly `env` when
+    `replace_env`, else the test's env updated with it) and wait (bounded) for its `gateway listening` line; stderr
+    is kept in `.stderr`."""
     proc = await asyncio.create_subprocess_exec(
+        *prefix,
         sys.executable,
         "-m",
         "agl_lite",
@@ -87,7 +95,7 @@ async def start_gateway(
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **env},
+        env=dict(env) if replace_env else {**os.environ, **env},
         start_new_session=True,
     )
     assert proc.stderr is not None

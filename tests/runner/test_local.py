@@ -21,7 +21,7 @@ from agl_lite.runner.local import REDACTED, LocalBackend
 from agl_lite.runner.plan import resolve
 from agl_lite.store.records import Attempt, AttemptStatus, Rollout, RolloutConfig, RolloutStatus
 from tests.conftest import ADMIN_KEY
-from tests.runner.probe import Probe, exited, running_probe
+from tests.runner.probe import Probe, exited, marked_pids, running_probe
 
 SH = "/bin/sh"
 
@@ -33,6 +33,7 @@ def settings(tmp_path: Path, **kw: Any) -> RunnerSettings:
         pass_env=("PATH",),
         grace_s=0.3,
         workdir=tmp_path,
+        writable=(tmp_path,),
     )
     return replace(base, **kw)
 
@@ -79,7 +80,8 @@ async def test_an_agent_gets_the_contract_env_the_passed_basics_and_nothing_else
     assert outcome.exit_code == 0
     env = env_dump(outcome)
     env.pop("LC_CTYPE", None)  # Python's own locale coercion may add it
-    assert set(env) == set(launch.env) | {"PATH", "EXTRA", "MINE"}
+    # HOME and TMPDIR: the sandbox's own writable directories
+    assert set(env) == set(launch.env) | {"PATH", "EXTRA", "MINE", "HOME", "TMPDIR"}
     assert env["PATH"] == os.environ["PATH"]
     assert env["AGL_ATTEMPT_ID"] == "at-1"
     assert env["AGL_TASK_INPUT"] == '{"q":1}'
@@ -135,45 +137,98 @@ def test_the_local_backend_takes_no_options(tmp_path: Path) -> None:
         LocalBackend(settings(tmp_path), {"image": "x"})
 
 
-def hanging(probe: Probe) -> list[str]:
-    """An agent that starts a child, reports both pids to the probe, and waits forever."""
-    return sh(f'sleep 60 & curl -sf "{probe.url}/started/$AGL_ROLLOUT_ID?pid=$$&child=$!" >/dev/null; wait')
-
-
-def sleeper(pids: Path, *, ignore_term: bool = False) -> list[str]:
-    """An agent that starts a child, writes both pids (shell builtins only: done at once) and waits forever."""
+def hanging(probe: Probe, *, ignore_term: bool = False, detached: bool = False) -> list[str]:
+    """An agent that starts a child (in a session of its own when `detached`), reports to the probe and waits
+    forever. Its processes are found from outside by the marker in their command lines (`marked_pids`): inside
+    the sandbox the pids it could report are its namespace's, not ours."""
     trap = "trap '' TERM; " if ignore_term else ""
-    return sh(f'{trap}sleep 60 & echo "$$ $!" > {pids}; wait')
+    child = f"setsid sleep {probe.marker} &" if detached else f"sleep {probe.marker} &"
+    return sh(f'{trap}{child} curl -sf "{probe.url}/started/$AGL_ROLLOUT_ID" >/dev/null; wait')
 
 
-async def test_a_timeout_stops_the_whole_process_group(tmp_path: Path) -> None:
-    s = settings(tmp_path)
-    launch = launch_of(s, timeout_s=1.0, runner={"command": sleeper(tmp_path / "pids")})
-    outcome = await LocalBackend(s, {}).launch(launch)
+ISOLATIONS = pytest.mark.parametrize("isolation", ["namespaces", "none"])
+
+
+@ISOLATIONS
+async def test_a_timeout_stops_the_whole_process_group(tmp_path: Path, probe: Probe, isolation: str) -> None:
+    s = settings(tmp_path, isolation=isolation)
+    launch = launch_of(s, timeout_s=3.0, runner={"command": hanging(probe)})
+    run = asyncio.ensure_future(LocalBackend(s, {}).launch(launch))
+    await probe.wait_started("ro-1")
+    pids = marked_pids(probe.marker)
+    assert len(pids) >= 2  # the shell and the sleep it started
+    outcome = await run
     assert outcome.status is AttemptStatus.TIMEOUT
     assert outcome.exit_code == 128 + 15
     assert (outcome.message or "").startswith(
-        "agent timed out after 1 s and was stopped (was killed by SIGTERM"
+        "agent timed out after 3 s and was stopped (was killed by SIGTERM"
     )
-    for pid in (tmp_path / "pids").read_text().split():  # the shell and the sleep it started
-        await exited(int(pid))
+    for pid in pids:
+        await exited(pid)
 
 
-async def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
-    s = settings(tmp_path, grace_s=0.2)
-    launch = launch_of(s, timeout_s=1.0, runner={"command": sleeper(tmp_path / "pids", ignore_term=True)})
-    outcome = await LocalBackend(s, {}).launch(launch)
+@ISOLATIONS
+async def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period(
+    tmp_path: Path, probe: Probe, isolation: str
+) -> None:
+    s = settings(tmp_path, grace_s=0.2, isolation=isolation)
+    launch = launch_of(s, timeout_s=3.0, runner={"command": hanging(probe, ignore_term=True)})
+    run = asyncio.ensure_future(LocalBackend(s, {}).launch(launch))
+    await probe.wait_started("ro-1")
+    pids = marked_pids(probe.marker)
+    outcome = await run
     assert (outcome.status, outcome.exit_code) == (AttemptStatus.TIMEOUT, 128 + 9)
     assert "SIGKILL" in (outcome.message or "")
-    for pid in (tmp_path / "pids").read_text().split():
-        await exited(int(pid))
+    for pid in pids:
+        await exited(pid)
 
 
-async def test_cancel_stops_a_running_attempt(tmp_path: Path, probe: Probe) -> None:
+async def test_a_detached_daemon_ends_with_its_attempt_in_the_sandbox(tmp_path: Path, probe: Probe) -> None:
+    """`setsid` takes a process out of the group the runner signals, not out of the attempt's PID namespace."""
     s = settings(tmp_path)
+    probe.hold = True  # the agent waits in its report until released: its daemon is running then
+    agent = sh(
+        f'setsid sleep {probe.marker} & curl -sf "{probe.url}/started/$AGL_ROLLOUT_ID" >/dev/null; exit 0'
+    )
+    run = asyncio.ensure_future(LocalBackend(s, {}).launch(launch_of(s, runner={"command": agent})))
+    await probe.wait_started("ro-1")
+    pids = marked_pids(probe.marker)
+    assert len(pids) >= 2  # the agent's shell and the daemon
+    probe.release()
+    assert (await run).status is AttemptStatus.SUCCEEDED
+    for pid in pids:
+        await exited(pid)
+
+
+async def test_without_the_sandbox_a_detached_daemon_outlives_its_attempt(
+    tmp_path: Path, probe: Probe
+) -> None:
+    """What the sandbox is for: the same agent with `isolation = "none"` leaves its daemon behind."""
+    s = settings(tmp_path, isolation="none")
+    probe.hold = True
+    agent = sh(
+        f"setsid sleep {probe.marker} >/dev/null 2>&1 & "  # not holding the output pipe the runner reads
+        f'curl -sf "{probe.url}/started/$AGL_ROLLOUT_ID" >/dev/null; exit 0'
+    )
+    run = asyncio.ensure_future(LocalBackend(s, {}).launch(launch_of(s, runner={"command": agent})))
+    await probe.wait_started("ro-1")
+    probe.release()
+    assert (await run).status is AttemptStatus.SUCCEEDED
+    survivors = marked_pids(probe.marker)
+    try:
+        assert len(survivors) == 1
+    finally:
+        for pid in survivors:
+            os.kill(pid, 9)
+
+
+@ISOLATIONS
+async def test_cancel_stops_a_running_attempt(tmp_path: Path, probe: Probe, isolation: str) -> None:
+    s = settings(tmp_path, isolation=isolation)
     backend = LocalBackend(s, {})
     run = asyncio.ensure_future(backend.launch(launch_of(s, runner={"command": hanging(probe)})))
-    pids = await probe.wait_started("ro-1")
+    await probe.wait_started("ro-1")
+    pids = marked_pids(probe.marker)
     await backend.cancel("ro-1")
     outcome = await asyncio.wait_for(run, 30)
     assert outcome.status is AttemptStatus.CANCELLED
@@ -199,10 +254,14 @@ async def test_close_stops_every_attempt_as_lost_and_refuses_new_ones(tmp_path: 
     assert late.status is AttemptStatus.LOST
 
 
-async def test_cancelling_the_launch_task_kills_the_process_group(tmp_path: Path, probe: Probe) -> None:
-    s = settings(tmp_path)
+@ISOLATIONS
+async def test_cancelling_the_launch_task_kills_the_process_group(
+    tmp_path: Path, probe: Probe, isolation: str
+) -> None:
+    s = settings(tmp_path, isolation=isolation)
     run = asyncio.ensure_future(LocalBackend(s, {}).launch(launch_of(s, runner={"command": hanging(probe)})))
-    pids = await probe.wait_started("ro-1")
+    await probe.wait_started("ro-1")
+    pids = marked_pids(probe.marker)
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
