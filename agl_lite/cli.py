@@ -91,7 +91,7 @@ def key(
     admin = os.environ.get("AGL_KEY", "")
     if not admin:
         _fail("AGL_KEY is not set")
-    if not ID_PATTERN.match(rollout_id):
+    if not ID_PATTERN.fullmatch(rollout_id):
         _fail(f"invalid rollout id {rollout_id!r}: use 1-128 of A-Z a-z 0-9 _ -")
     typer.echo(derive_key(admin, rollout_id, KeyRole.GRADER if grader else KeyRole.AGENT))
 

@@ -183,7 +183,10 @@ def _check(o: AgentRunner.Options, where: str) -> None:
             not 0 <= o.output_tail_bytes <= MAX_TAIL_BYTES,
             f"output_tail_bytes must be between 0 and {MAX_TAIL_BYTES}",
         ),
-        (bool(o.runner_id) and not ID_PATTERN.match(o.runner_id), "runner_id: use 1-128 of A-Z a-z 0-9 _ -"),
+        (
+            bool(o.runner_id) and not ID_PATTERN.fullmatch(o.runner_id),
+            "runner_id: use 1-128 of A-Z a-z 0-9 _ -",
+        ),
         (
             bool(FORBIDDEN_ENV & set(o.pass_env)),
             "pass_env must not name AGL_KEY: agents never get the admin key",

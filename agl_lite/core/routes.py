@@ -50,8 +50,9 @@ ATTRIBUTED_PREFIX = "/r/{rollout_id}/a/{attempt_id}"
 
 _PARAM = re.compile(r"\{([a-z_]+)\}")
 _SEGMENT = "[A-Za-z0-9_-]{1,128}"
-ID_PATTERN = re.compile(f"^{_SEGMENT}$")
-"""What a path parameter (rollout id, attempt id, ...) may hold: URL- and label-safe, no dots (keys use them)."""
+ID_PATTERN = re.compile(_SEGMENT)
+"""What a path parameter (rollout id, attempt id, ...) may hold: URL- and label-safe, no dots (keys use them).
+Use `fullmatch`: `$` also matches before a trailing newline (issue #15 H4)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +109,7 @@ class RouteTable:
             regex = "".join(
                 re.escape(p) if i % 2 == 0 else f"(?P<{p}>{_SEGMENT})" for i, p in enumerate(parts)
             )
-            self._dynamic.append((re.compile(regex + "$"), by_method))
+            self._dynamic.append((re.compile(regex), by_method))
 
     def match(self, method: str, path: str) -> RouteMatch:
         """The route for a request; NotFound or MethodNotAllowed (with the allowed methods) otherwise."""
@@ -116,7 +117,7 @@ class RouteTable:
         params: Mapping[str, str] = {}
         if by_method is None:
             for regex, candidates in self._dynamic:
-                m = regex.match(path)
+                m = regex.fullmatch(path)  # not `match` with `$`: that takes a path with a trailing newline
                 if m is not None:
                     by_method, params = candidates, m.groupdict()
                     break

@@ -104,7 +104,7 @@ STORE: ServiceKey[Store] = ServiceKey("store")
 
 
 def _check_id(kind: str, value: str) -> str:
-    if not ID_PATTERN.match(value):
+    if not ID_PATTERN.fullmatch(value):
         raise BadRequest(f"invalid {kind} id {value!r}: use 1-128 of A-Z a-z 0-9 _ -")
     return value
 

@@ -285,3 +285,50 @@ def test_translation_does_not_touch_the_clients_body() -> None:
     before = json.dumps(body)
     to_chat(body)
     assert json.dumps(body) == before
+
+
+RICH = {
+    "model": "m",
+    "max_tokens": 16,
+    "system": [{"type": "text", "text": "S"}],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]},
+    ],
+    "tools": [{"name": "f", "description": "d", "input_schema": {"type": "object"}}],
+    "tool_choice": {"type": "tool", "name": "f", "disable_parallel_tool_use": True},
+    "stop_sequences": ["END"],
+    "temperature": 0.5,
+    "stream": True,
+}
+
+
+def _leaves(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _leaves(v, (*path, k))] or [path]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _leaves(v, (*path, i))] or [path]
+    return [path]
+
+
+def _replaced(path: tuple[Any, ...], new: Any) -> dict[str, Any]:
+    body = json.loads(json.dumps(RICH))
+    node = body
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = new
+    return body
+
+
+@pytest.mark.parametrize("new", [[], {}, ["x"], {"a": 1}, None, 7, "x"], ids=repr)
+def test_any_field_of_any_json_type_is_translated_or_a_bad_request(new: Any) -> None:
+    """Issue #15 M2 (`tool_choice.type` as a list was a 500 and a traceback): a value of the wrong JSON type
+    anywhere in the request is a 400, never another exception."""
+    refused = 0
+    for path in _leaves(RICH):
+        try:
+            to_chat(_replaced(path, new))
+        except BadRequest:
+            refused += 1
+    assert refused > 0  # no value is right everywhere: the wrong ones were seen and refused

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from agl_lite.core.routes import HttpRoute, RouteKind, RouteTable, Scope, model_api_routes
-from agl_lite.errors import ConfigError, MethodNotAllowed, NotFound
+from agl_lite.core.routes import ID_PATTERN, HttpRoute, RouteKind, RouteTable, Scope, model_api_routes
+from agl_lite.errors import BadRequest, ConfigError, MethodNotAllowed, NotFound
+from agl_lite.store.base import _check_id
 
 TABLE = RouteTable(
     [
@@ -48,3 +49,18 @@ def test_ids_outside_the_safe_charset_do_not_match(rollout: str) -> None:
 def test_duplicate_route_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="declared twice"):
         RouteTable([HttpRoute("a", "GET", "/x", Scope.PUBLIC), HttpRoute("b", "GET", "/x", Scope.ADMIN)])
+
+
+@pytest.mark.parametrize("tail", ["\n", "\r\n", "\n/x"])
+def test_a_path_with_a_trailing_newline_matches_no_route(tail: str) -> None:
+    """Issue #15 H4: `…/v1/chat/completions%0A` matched the agent route (`$` matches before a final newline), was
+    forwarded and went uncaptured; it is a 404 like any other unknown path."""
+    with pytest.raises(NotFound):
+        TABLE.match("POST", "/r/ro-1/a/at-1/v1/chat/completions" + tail)
+
+
+def test_an_id_with_a_trailing_newline_is_not_an_id() -> None:
+    assert ID_PATTERN.fullmatch("ro-1") is not None
+    assert ID_PATTERN.fullmatch("ro-1\n") is None
+    with pytest.raises(BadRequest):
+        _check_id("rollout", "ro-1\n")

@@ -36,7 +36,8 @@ def stop_reason(finish: str | None, matched: Any, tool_use: bool) -> tuple[str, 
         return "stop_sequence", matched
     if tool_use and finish in ("stop", "tool_calls", None):
         return "tool_use", None
-    return _FINISH.get(finish or "stop", "end_turn"), None
+    # the upstream's finish_reason is data too: only a string can be looked up
+    return _FINISH.get(finish if isinstance(finish, str) and finish else "stop", "end_turn"), None
 
 
 class _Block:

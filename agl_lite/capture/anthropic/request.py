@@ -306,6 +306,8 @@ def _tool(tool: Any, at: str) -> dict[str, Any]:
 
 def _tool_choice(choice: Any, out: dict[str, Any]) -> None:
     kind = choice.get("type") if isinstance(choice, dict) else None
+    if not isinstance(kind, str):  # a list or an object cannot be looked up (it was a TypeError: a 500)
+        kind = None
     if kind == "tool":
         name = choice.get("name")
         if not isinstance(name, str) or not name:

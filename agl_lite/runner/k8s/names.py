@@ -32,8 +32,8 @@ ROLLOUT_ANNOTATION = "agl-lite/rollout-id"
 MAX_NAME = 63
 PREFIX = "agl-"
 HASH_CHARS = 10
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
 
 
 def _digest(rollout_id: str) -> str:
@@ -43,7 +43,7 @@ def _digest(rollout_id: str) -> str:
 def job_name(rollout_id: str) -> str:
     """`agl-<rollout>` when the id is already a short DNS-1123 label, else `agl-<cleaned prefix>-<hash>`."""
     plain = PREFIX + rollout_id
-    if len(plain) <= MAX_NAME and _DNS_LABEL.match(rollout_id):
+    if len(plain) <= MAX_NAME and _DNS_LABEL.fullmatch(rollout_id):
         return plain
     cleaned = re.sub(r"-+", "-", re.sub(r"[^a-z0-9]", "-", rollout_id.lower())).strip("-")
     room = MAX_NAME - len(PREFIX) - 1 - HASH_CHARS
@@ -54,7 +54,7 @@ def job_name(rollout_id: str) -> str:
 def rollout_label_value(rollout_id: str) -> str:
     """The id itself when it is a valid label value (≤ 63, alphanumeric at both ends), else a cleaned prefix
     and a hash."""
-    if len(rollout_id) <= MAX_NAME and _LABEL_VALUE.match(rollout_id):
+    if len(rollout_id) <= MAX_NAME and _LABEL_VALUE.fullmatch(rollout_id):
         return rollout_id
     cleaned = rollout_id.strip("-_")
     head = cleaned[: MAX_NAME - 1 - HASH_CHARS].rstrip("-_")

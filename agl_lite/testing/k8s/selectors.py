@@ -17,11 +17,11 @@ __all__ = ["FieldSelector", "LabelSelector", "SelectorError", "field_value"]
 
 _KEY = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
 _VALUE = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
-_EXISTS = re.compile(rf"^(!?)\s*({_KEY})$")
-_EQUALITY = re.compile(rf"^({_KEY})\s*(==|=|!=)\s*({_VALUE})$")
-_SET = re.compile(rf"^({_KEY})\s+(in|notin)\s*\(([^()]*)\)$")
-_COMPARE = re.compile(rf"^({_KEY})\s*([<>])\s*(-?\d+)$")
-_VALUE_RE = re.compile(rf"^{_VALUE}$")
+_EXISTS = re.compile(rf"^(!?)\s*({_KEY})\Z")
+_EQUALITY = re.compile(rf"^({_KEY})\s*(==|=|!=)\s*({_VALUE})\Z")
+_SET = re.compile(rf"^({_KEY})\s+(in|notin)\s*\(([^()]*)\)\Z")
+_COMPARE = re.compile(rf"^({_KEY})\s*([<>])\s*(-?\d+)\Z")
+_VALUE_RE = re.compile(rf"^{_VALUE}\Z")
 
 
 class SelectorError(ValueError):
