@@ -4,7 +4,6 @@ an event, not a sleep) and a wait for a process to exit through a pidfd."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import secrets
 from collections import defaultdict
@@ -97,9 +96,3 @@ async def exited(pid: int, timeout: float = 30.0) -> None:
     finally:
         loop.remove_reader(fd)
         os.close(fd)
-
-
-def kill_group(pid: int) -> None:
-    """Clean-up of a process group a test left behind (an orphan of a killed runner)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, 9)
