@@ -12,10 +12,13 @@
         ├── RequestTimeout      408 request_timeout (a body slower than server.body_timeout_s)
         ├── Conflict            409 conflict (an illegal state transition, a cap reached)
         ├── PayloadTooLarge     413 payload_too_large
+        ├── UnsupportedMediaType 415 unsupported_media_type (a Content-Encoding other than gzip or deflate)
         ├── TooManyRequests     429 rate_limited
         ├── InternalError       500 internal_error
         ├── UpstreamError       502 upstream_error (UpstreamTimeout: 504 upstream_timeout)
-        └── ServiceUnavailable  503 service_unavailable (held past its bound, the store's queue full)
+        ├── ServiceUnavailable  503 service_unavailable (held past its bound, the store's queue full, the store's
+        │                       database not writable; ShuttingDown: 503 shutting_down)
+        └── InsufficientStorage 507 insufficient_storage (the store's disk is full)
 
 Each HttpError carries a stable `type` string that clients map on; `message` is for humans and never holds a key.
 """
@@ -32,6 +35,7 @@ __all__ = [
     "Conflict",
     "Forbidden",
     "HttpError",
+    "InsufficientStorage",
     "InternalError",
     "MethodNotAllowed",
     "ModelNotFound",
@@ -39,8 +43,10 @@ __all__ = [
     "PayloadTooLarge",
     "RequestTimeout",
     "ServiceUnavailable",
+    "ShuttingDown",
     "TooManyRequests",
     "Unauthorized",
+    "UnsupportedMediaType",
     "UpstreamError",
     "UpstreamTimeout",
 ]
@@ -119,6 +125,11 @@ class PayloadTooLarge(HttpError):
     type = "payload_too_large"
 
 
+class UnsupportedMediaType(HttpError):
+    status = 415
+    type = "unsupported_media_type"
+
+
 class TooManyRequests(HttpError):
     status = 429
     type = "rate_limited"
@@ -142,3 +153,16 @@ class UpstreamTimeout(UpstreamError):
 class ServiceUnavailable(HttpError):
     status = 503
     type = "service_unavailable"
+
+
+class ShuttingDown(ServiceUnavailable):
+    """The gateway stopped before the exchange ended (its shutdown timeout ran out)."""
+
+    type = "shutting_down"
+
+
+class InsufficientStorage(HttpError):
+    """The store's disk is full: nothing was written; retry once space is back."""
+
+    status = 507
+    type = "insufficient_storage"

@@ -69,7 +69,8 @@ class Auth:
             raise ConfigError(f"{options.key_env} is too short: use at least {MIN_KEY_LENGTH} characters")
         self.admin_key = key
 
-    async def request(self, flow: Flow) -> None:
+    async def request_headers(self, flow: Flow) -> None:
+        # On the headers, before the body is read: a request without a valid key never gets to send one.
         route = flow.route
         rollout_id = flow.request.path_params.get("rollout_id")
         if rollout_id is not None:

@@ -22,7 +22,7 @@ from agl_lite.capture.strip import Strip, client_view
 from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.flow import Flow, Request
 from agl_lite.core.routes import RouteKind
-from agl_lite.errors import ConfigError, HttpError
+from agl_lite.errors import ConfigError, HttpError, ShuttingDown
 from agl_lite.store.records import CallOutcome, LLMCall
 
 # A call id unique across processes and restarts without a uuid4 per call: uuid4 reads os.urandom, which showed
@@ -288,6 +288,8 @@ def _build(flow: Flow, call: _Call) -> LLMCall:
     error: str | None = None
     if flow.client_disconnected:
         outcome = CallOutcome.CLIENT_DISCONNECTED
+    elif isinstance(err, ShuttingDown):
+        outcome, error = CallOutcome.ABORTED, err.message
     elif err is not None:
         outcome, error = CallOutcome.UPSTREAM_ERROR, err.message
     elif resp is None:

@@ -1,7 +1,9 @@
 """Sink: commits each captured LLM call (`capture.record`) to the store.
 
 By default (`durability = "sync"`) it commits in `response_end`, before the client receives the end of its
-response, so no agent ever saw a completion the store lost; `"async"` trades that for latency. Writes are batched
+response, so no agent ever saw a completion the store lost: when the commit fails (disk full, database read-only),
+the client gets that error (507 or 503, with `Retry-After`) instead of the end of its response. `"async"` trades
+that guarantee for latency. Writes are batched
 across flows by the store's group commit; its queue is bounded.
 """
 
@@ -82,29 +84,35 @@ class Sink:
             registry.register(_CommitLatency(self._latency))
 
     async def response_end(self, flow: Flow) -> None:
-        await self._commit(flow)
+        failed = await self._commit(flow)
+        if failed is not None:
+            # The commit point: a call whose record is not stored must not look complete to its client. The core
+            # sends this error instead of the end of the response (`ResponseEndHook`).
+            flow.error = failed
 
     async def error(self, flow: Flow) -> None:
-        await self._commit(flow)
+        await self._commit(flow)  # the client already has an error
 
-    async def _commit(self, flow: Flow) -> None:
+    async def _commit(self, flow: Flow) -> HttpError | None:
         record = flow.metadata.get("capture.record")
         if not isinstance(record, LLMCall):
-            return
+            return None
         if self.options.durability == "async":
             self._ctx.tasks.spawn(self._write(record), name=f"sink {record.id}")
-        else:
-            await self._write(record)
+            return None
+        return await self._write(record)
 
-    async def _write(self, record: LLMCall) -> None:
+    async def _write(self, record: LLMCall) -> HttpError | None:
         start = time.perf_counter()
         try:
             await self.store.add_call(record)
-            self.committed += 1
-            if self._latency is not None:
-                self._latency.observe(time.perf_counter() - start)
         except HttpError as exc:
             self.failed += 1
             log.error(
                 "captured call not stored", call=record.id, rollout=record.rollout_id, error=exc.message
             )
+            return exc
+        self.committed += 1
+        if self._latency is not None:
+            self._latency.observe(time.perf_counter() - start)
+        return None

@@ -1,7 +1,8 @@
 """The addon manager: the ordered chain, per-hook dispatch lists computed once, contained failures.
 
 Handlers may be sync or async. A failing handler is logged with its addon's name and the chain goes on, except in
-`request`, where an unexpected exception fails the flow closed (500) and an `HttpError` becomes its JSON answer.
+`request_headers` and `request`, where an unexpected exception fails the flow closed (500) and an `HttpError`
+becomes its JSON answer.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class AddonManager:
                     )
                 handlers.append(_Handler(item.name, fn, inspect.iscoroutinefunction(fn)))
             self._handlers[hook_name] = handlers
+        self._request_headers = self._handlers["request_headers"]
         self._request = self._handlers["request"]
         self._response_headers = self._handlers["response_headers"]
         self._response_end = self._handlers["response_end"]
@@ -146,9 +148,16 @@ class AddonManager:
         for h in self._handlers[hook.name]:
             await self._call_contained(h, args, hook.name)
 
+    async def request_headers(self, flow: Flow) -> None:
+        """The `request_headers` hook: stops at the first addon that answers or fails, as `request` does."""
+        await self._answering(self._request_headers, flow, "request_headers")
+
     async def request(self, flow: Flow) -> None:
         """The `request` hook: stops at the first addon that answers (sets `flow.response`) or fails."""
-        for h in self._request:
+        await self._answering(self._request, flow, "request")
+
+    async def _answering(self, handlers: list[_Handler], flow: Flow, hook: str) -> None:
+        for h in handlers:
             try:
                 result = h.fn(flow)
                 if h.is_async:
@@ -157,7 +166,7 @@ class AddonManager:
                 flow.response = error_response(exc)
             except Exception as exc:
                 log.error(
-                    "addon failed in request; failing the flow closed",
+                    f"addon failed in {hook}; failing the flow closed",
                     addon=h.addon,
                     error=repr(exc),
                     exc_info=exc,
@@ -170,9 +179,11 @@ class AddonManager:
         await self._run(self._response_headers, flow, "response_headers")
 
     async def response_end(self, flow: Flow) -> None:
+        flow.ended = True
         await self._run(self._response_end, flow, "response_end")
 
     async def error(self, flow: Flow) -> None:
+        flow.ended = True
         await self._run(self._error, flow, "error")
 
     async def flow_done(self, flow: Flow) -> None:

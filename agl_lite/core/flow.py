@@ -174,7 +174,9 @@ class Flow:
     upstreams: list[UpstreamTarget] = field(default_factory=list)
     """Where to forward, in order; the core tries the next one only before any byte reached the client."""
     upstream: UpstreamTarget | None = None
-    """The target that answered."""
+    """The target being tried, then the one that answered (or the last one that failed)."""
+    ended: bool = False
+    """`response_end` or `error` has fired: the core fires `error` for a flow that ends without either."""
     metadata: dict[str, Any] = field(default_factory=dict)
     t_start: float = field(default_factory=time.monotonic)
     t_start_wall: float = field(default_factory=time.time)

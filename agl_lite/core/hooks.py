@@ -23,6 +23,7 @@ __all__ = [
     "FlowDoneHook",
     "Hook",
     "LoadHook",
+    "RequestHeadersHook",
     "RequestHook",
     "ResponseEndHook",
     "ResponseHeadersHook",
@@ -100,6 +101,20 @@ class ShutdownHook(Hook):
 
 
 @dataclass
+class RequestHeadersHook(Hook):
+    """Fires when the request's line and headers are in, before its body is read (`flow.request.body` is empty), in
+    chain order.
+
+    For checks that need no body, above all the key's: answering here (setting `flow.response` or raising an
+    `HttpError`) spares reading the body at all, so an unauthenticated client cannot make the gateway hold up to
+    `max_body_bytes` for it; the connection closes after the answer. `request` does not fire then.
+    """
+
+    name = "request_headers"
+    flow: Flow
+
+
+@dataclass
 class RequestHook(Hook):
     """Fires when a request has been read (headers and body), in chain order.
 
@@ -136,6 +151,9 @@ class ResponseEndHook(Hook):
     This is the commit point: for a stream, the client has not received `data: [DONE]` yet; for a plain body, its
     last chunk is held. Awaiting here delays the end of the client's response, never its earlier bytes. Fires also
     for a stream that ended without `[DONE]` (then nothing is held back). Does not fire when `error` fires.
+    Setting `flow.error` here refuses the end: the client gets that error instead (as an error event for a stream;
+    as the response itself for a body none of which was sent yet; otherwise the connection is cut mid-body), so
+    that nothing looks complete whose commit failed.
     """
 
     name = "response_end"

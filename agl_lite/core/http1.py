@@ -13,7 +13,11 @@ and:
   is awaited or read (not counted while the client side is slow and reading is paused);
 - flow control: reading pauses once `HIGH_WATER` bytes wait for the consumer, resumes under `LOW_WATER`;
 - a reused connection that the upstream had closed (keep-alive race: nothing at all came back) is retried once on a
-  new connection; nothing else is retried here (`Upstream.open` decides about other targets).
+  new connection; nothing else is retried here (`Upstream.open` decides about other targets);
+- a connection goes back to the pool only in a state the next exchange can use: reading resumed, and nothing
+  received past the end of the answer (an upstream that sends more than its `Content-Length` gets its connection
+  closed: the extra bytes would be read as the next caller's answer);
+- a response head over `MAX_HEAD_BYTES` is refused (`ProtocolError`).
 
 Errors: `TimeoutError`, `ConnectError` (could not connect; an `OSError`), `UpstreamDisconnected` (closed or reset
 mid-exchange; an `OSError`) and `ProtocolError` (not HTTP/1.1; an `OSError` too, so one `except OSError` holds).
@@ -34,6 +38,7 @@ from yarl import URL
 __all__ = [
     "HIGH_WATER",
     "LOW_WATER",
+    "MAX_HEAD_BYTES",
     "Body",
     "ConnectError",
     "ConnectionPool",
@@ -46,6 +51,8 @@ HIGH_WATER = 256 * 1024
 """Bytes of a response waiting for its consumer at which reading from the upstream pauses."""
 LOW_WATER = 64 * 1024
 """...and under which it resumes."""
+MAX_HEAD_BYTES = 64 * 1024
+"""The most an upstream may send before its response headers are complete (1xx answers included)."""
 
 _NO_BODY_STATUSES = frozenset({204, 304})
 
@@ -168,6 +175,9 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.reused = False
         self.received = False  # a byte of the current exchange came back
+        self._head_bytes = 0  # received while the headers of the current exchange are awaited
+        self._complete = False  # the answer ended in the current read and the connection may be kept
+        self._stray = False  # bytes came past the end of the answer
         self._status = 0
         self._headers: list[tuple[str, str]] = []
         self._until_close = False
@@ -190,6 +200,10 @@ class _Connection(asyncio.Protocol):
             self._idle_timer.cancel()
             self._idle_timer = None
         self.received = False
+        self._head_bytes = 0
+        self._complete = self._stray = False
+        if self._paused:  # (never pooled paused; defensive, as a paused connection would wait forever)
+            self.resume()
         self._head_only = head
         self._ready = loop.create_future()
         self._last_read = loop.time()
@@ -205,8 +219,10 @@ class _Connection(asyncio.Protocol):
         if self.closed or (self._ready is None and self._body is None):
             return
         idle = self.pool.loop.time() - self._last_read
-        if self._paused or idle < self.pool.read_timeout:
-            self._arm_read_timer(self.pool.read_timeout - (0 if self._paused else idle))
+        # Paused, the silence is the consumer's, not the upstream's; only a body being consumed can pause it.
+        waiting_on_consumer = self._paused and self._body is not None
+        if waiting_on_consumer or idle < self.pool.read_timeout:
+            self._arm_read_timer(self.pool.read_timeout - (0 if waiting_on_consumer else idle))
             return
         self.abort(TimeoutError(f"no bytes from the upstream for {self.pool.read_timeout:g} s"))
 
@@ -233,6 +249,10 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not subclasses)
 
     def data_received(self, data: bytes) -> None:
+        if self._ready is None and self._body is None:
+            # Nothing is awaited on this connection (it is idle in the pool): whatever comes is not an answer.
+            self.abort(ProtocolError("the upstream sent bytes no request asked for"))
+            return
         self.received = True
         self._last_read = self.pool.loop.time()
         try:
@@ -241,8 +261,21 @@ class _Connection(asyncio.Protocol):
                 self._flush_parts()
         except httptools.HttpParserUpgrade:
             self.abort(ProtocolError("the upstream switched protocols"))
+            return
         except httptools.HttpParserError as exc:
             self.abort(ProtocolError(f"the upstream's answer is not valid HTTP/1.1: {exc}"))
+            return
+        if self._ready is not None:  # the headers are still awaited
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self.abort(ProtocolError(f"the upstream's response head exceeds {MAX_HEAD_BYTES} bytes"))
+        elif self._complete:
+            self._complete = False
+            if self._stray:
+                self.abort(ProtocolError("the upstream sent bytes past the end of its answer"))
+            else:
+                self.resume()  # the last read may have paused it; the next exchange must find it reading
+                self.pool._release(self)
 
     def eof_received(self) -> bool:
         return False  # close the transport: an upstream that stops sending has ended the exchange
@@ -268,6 +301,10 @@ class _Connection(asyncio.Protocol):
         self.pool._closed(self)
 
     # --- httptools callbacks -----------------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._ready is None:  # a second answer in the same read: the first one ran past its length
+            self._stray = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
@@ -318,7 +355,7 @@ class _Connection(asyncio.Protocol):
         if body is not None:
             body._end()
         if keep and not self.closed:
-            self.pool._release(self)
+            self._complete = True  # pooled once the read is parsed to its end (`data_received`)
         elif self.transport is not None:
             self.transport.close()
 

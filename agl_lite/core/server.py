@@ -19,22 +19,26 @@ import aiohttp
 import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 from multidict import CIMultiDict
 
 from agl_lite.core.addons import AddonManager
 from agl_lite.core.config import GatewayConfig
+from agl_lite.core.encoding import decode_body
 from agl_lite.core.flow import Flow, Request, Response, Transform, error_response, json_response
 from agl_lite.core.http1 import HttpResponse
 from agl_lite.core.routes import HttpRoute, RouteKind, RouteTable, Scope
 from agl_lite.core.sse import DoneDetector
 from agl_lite.core.upstream import Upstream, filter_headers, map_upstream_error
 from agl_lite.errors import (
+    BadRequest,
     ConfigError,
     HttpError,
     InternalError,
     NotFound,
     PayloadTooLarge,
     RequestTimeout,
+    ShuttingDown,
     UpstreamError,
 )
 
@@ -62,6 +66,7 @@ class Gateway:
         self._runner: web.ServerRunner | None = None
         self.port: int = 0
         self._access_log = config.log.access_log
+        self._stopping = False
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
 
@@ -87,6 +92,7 @@ class Gateway:
             # timeout (from connect, and between requests): the slow-header bound.
             keepalive_timeout=self.config.server.header_timeout_s,
             logger=_PROTOCOL_LOG,
+            auto_decompress=False,  # `core.encoding` decodes, with the size cap on the decoded bytes
         )
 
     async def start(self) -> int:
@@ -118,6 +124,7 @@ class Gateway:
         return self.port
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -131,31 +138,37 @@ class Gateway:
             match = self.table.match(request.method, request.path)
         except HttpError as exc:
             return _json_web_response(exc.status, exc.body(), exc.headers)
-        try:
-            if request.content.is_eof():  # the whole body is buffered already: no timer on the hot path
-                body = await request.read()
-            else:
-                async with asyncio.timeout(self.config.server.body_timeout_s):
-                    body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            too_large = PayloadTooLarge(f"request body exceeds {self.config.server.max_body_bytes} bytes")
-            return _json_web_response(too_large.status, too_large.body(), {"Connection": "close"})
-        except TimeoutError:
-            slow = RequestTimeout(f"request body not received within {self.config.server.body_timeout_s:g} s")
-            return _json_web_response(slow.status, slow.body(), {"Connection": "close"})
         flow = Flow(
             request=Request(
                 request.method,
                 request.path,
                 request.query_string,
                 CIMultiDict(request.headers),
-                body,
+                b"",
                 match.params,
             ),
             route=match.route,
         )
+        forwarding = False  # the body is in: from here on a cancelled flow still gets its `error`
         try:
+            await self.addons.request_headers(flow)
+            if flow.response is not None:  # answered on its headers (a bad key): its body is never read
+                flow.response.headers["Connection"] = "close"
+                return await self._send_short(request, flow)
+            refused = await self._read_body(request, flow)
+            if refused is not None:  # no `response_end`: a refused body leaves no trace
+                flow.response = error_response(refused)
+                flow.response.headers["Connection"] = "close"
+                return await self._send_short(request, flow, end_hooks=False)
+            forwarding = True
             return await self._run_flow(request, flow)
+        except asyncio.CancelledError:
+            if forwarding and not flow.ended:
+                # Cancelled before the flow's end: the client left (or the gateway stopped) while an addon or the
+                # upstream's headers were awaited. `error` still fires, so that the flow leaves its one record.
+                self._cancelled(flow)
+                await self.addons.error(flow)
+            raise
         except Exception as exc:  # a bug, not a condition: still JSON for the client, never a traceback
             log.error("flow failed", path=flow.request.path, error=repr(exc), exc_info=exc)
             internal = InternalError("internal error")
@@ -171,6 +184,33 @@ class Gateway:
                     status=flow.response.status if flow.response else None,
                     ms=round((flow.t_end - flow.t_start) * 1000, 2),
                 )
+
+    async def _read_body(self, request: web.BaseRequest, flow: Flow) -> HttpError | None:
+        """Read the body into `flow.request.body`, decoded if it came with a Content-Encoding; the error to answer
+        when it cannot be."""
+        limit = self.config.server.max_body_bytes
+        try:
+            if request.content.is_eof():  # the whole body is buffered already: no timer on the hot path
+                body = await request.read()
+            else:
+                async with asyncio.timeout(self.config.server.body_timeout_s):
+                    body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return PayloadTooLarge(f"request body exceeds {limit} bytes")
+        except TimeoutError:
+            return RequestTimeout(f"request body not received within {self.config.server.body_timeout_s:g} s")
+        except (RequestPayloadError, HttpProcessingError) as exc:
+            return BadRequest(f"request body cannot be read: {str(exc)[:200]}")
+        encoding = flow.request.headers.get("Content-Encoding")
+        if encoding is not None:
+            try:
+                body = decode_body(encoding, body, limit)
+            except HttpError as exc:
+                return exc
+            # What travels on is the decoded body: the header would describe bytes that are no longer there.
+            del flow.request.headers["Content-Encoding"]
+        flow.request.body = body
+        return None
 
     async def _run_flow(self, request: web.BaseRequest, flow: Flow) -> web.StreamResponse:
         await self.addons.request(flow)
@@ -207,6 +247,9 @@ class Gateway:
         await self.addons.response_headers(flow)
         if end_hooks:
             await self.addons.response_end(flow)
+            if flow.error is not None and flow.response is not None and flow.response.status < 400:
+                flow.response = error_response(flow.error)  # the end was refused (`ResponseEndHook`)
+                await self.addons.response_headers(flow)
         response = flow.response
         assert response is not None
         out = web.Response(status=response.status, body=response.body, headers=response.headers)
@@ -230,7 +273,8 @@ class Gateway:
         taps, transforms = response.taps, response.transforms
         ended = False
         try:
-            await out.prepare(request)  # the headers go out with the first bytes: one send, not two
+            # `out` is prepared at its first bytes, not before: until then a refused commit can still answer with a
+            # status of its own (`_refuse`). (The headers left with the first bytes anyway: one send, not two.)
             # Held back: a plain body's last read (until response_end), and a stream's bytes from `data: [DONE]`
             # on (after response_end, until the upstream's end), so that they leave with the end of the body.
             pending: bytes | None = None
@@ -250,16 +294,24 @@ class Gateway:
                     cut = done.feed(chunk)
                     if cut >= 0:
                         if cut:
+                            if not out.prepared:
+                                await out.prepare(request)
                             flow.bytes_to_client += cut
                             await out.write(chunk[:cut])
                         ended = True
                         await self.addons.response_end(flow)
+                        if flow.error is not None:
+                            return await self._refuse(request, flow, out, flushed=False)
                         pending = chunk[cut:]
                     elif chunk:
+                        if not out.prepared:
+                            await out.prepare(request)
                         flow.bytes_to_client += len(chunk)
                         await out.write(chunk)
                 else:
-                    if pending is not None:
+                    if pending:
+                        if not out.prepared:
+                            await out.prepare(request)
                         flow.bytes_to_client += len(pending)
                         await out.write(pending)
                     pending = chunk
@@ -267,15 +319,19 @@ class Gateway:
             if not ended:
                 ended = True
                 await self.addons.response_end(flow)
+                if flow.error is not None:
+                    return await self._refuse(request, flow, out, flushed=True)
             if pending:
                 final = pending + final
+            if not out.prepared:
+                await out.prepare(request)
             flow.bytes_to_client += len(final)
             await out.write_eof(final)  # the last bytes and the end of the body in one send
             return out
         except asyncio.CancelledError:
-            # aiohttp cancels the handler when the client goes away (handler_cancellation=True): drop the upstream
-            # connection at once so the inference server frees the sequence's KV cache.
-            flow.client_disconnected = True
+            # aiohttp cancels the handler when the client goes away (handler_cancellation=True), and at shutdown:
+            # drop the upstream connection at once so the inference server frees the sequence's KV cache.
+            self._cancelled(flow)
             up.close()
             await self._fail(flow, None, ended)
             raise
@@ -285,15 +341,20 @@ class Gateway:
                 # The write to the client failed: the client went away, the upstream did nothing wrong.
                 flow.client_disconnected = True
                 await self._fail(flow, None, ended)
-                return out
+                return out if out.prepared else web.Response(status=499)  # (nobody reads it)
             err = map_upstream_error(exc, flow.upstream.name if flow.upstream else "", mid_response=True)
             await self._fail(flow, err, ended)
             if response.is_event_stream and not ended:
                 # In-band, as vLLM itself reports errors mid-stream: the SDKs raise it as an APIError. It goes
                 # through the transforms like any event, so a translating addon speaks its client's dialect.
                 frame = _through(transforms, b"data: " + json.dumps(err.body()).encode() + b"\n\n")
+                if not out.prepared:
+                    await out.prepare(request)
                 await _write_quietly(out, frame)
                 await _write_eof_quietly(out)
+            elif not out.prepared:  # nothing of the body left yet: the error is the answer
+                flow.response = error_response(err)
+                return await self._send_short(request, flow, end_hooks=False)
             elif request.transport is not None:
                 # A plain body cannot signal an error once its status went out: cut the connection instead.
                 request.transport.close()
@@ -301,10 +362,43 @@ class Gateway:
         except Exception as exc:
             up.close()
             log.error("relay failed", error=repr(exc), exc_info=exc)
-            await self._fail(flow, InternalError("internal error while relaying the response"), ended)
+            internal = InternalError("internal error while relaying the response")
+            await self._fail(flow, internal, ended)
+            if not out.prepared:
+                return _json_web_response(internal.status, internal.body())
             if request.transport is not None:
                 request.transport.close()
             return out
+
+    async def _refuse(
+        self, request: web.BaseRequest, flow: Flow, out: web.StreamResponse, *, flushed: bool
+    ) -> web.StreamResponse:
+        """`response_end` refused the end (`flow.error`, e.g. the record could not be committed): the client gets
+        the error instead, so that the call does not look complete."""
+        err, response = flow.error, flow.response
+        assert err is not None
+        assert response is not None
+        if response.is_event_stream:
+            frame = _refusal(response.transforms, err, flushed=flushed)
+            if not out.prepared:
+                await out.prepare(request)
+            flow.bytes_to_client += len(frame)
+            await _write_quietly(out, frame)
+            await _write_eof_quietly(out)
+            return out
+        if not out.prepared:  # not a byte of the body left: the error is the answer
+            flow.response = error_response(err)
+            return await self._send_short(request, flow, end_hooks=False)
+        if request.transport is not None:  # part of the body left: only a cut connection says it is not whole
+            request.transport.close()
+        return out
+
+    def _cancelled(self, flow: Flow) -> None:
+        """Why a cancelled flow ended: its client left, unless the gateway is stopping (then no client left)."""
+        if self._stopping:
+            flow.error = ShuttingDown("the gateway shut down before the call ended")
+        else:
+            flow.client_disconnected = True
 
     async def _fail(self, flow: Flow, err: HttpError | None, ended: bool) -> None:
         """`error` fires instead of `response_end`: once the response was committed, a late failure is only noted."""
@@ -325,6 +419,20 @@ def _flush_chain(transforms: list[Transform]) -> bytes:
                 owed = later(owed)
         out += owed
     return out
+
+
+def _refusal(transforms: list[Transform], err: HttpError, *, flushed: bool) -> bytes:
+    """The error event a stream ends with instead of its end, in the client's dialect: a transform that owes its
+    client an end of its own (`refuse(err)`, e.g. the Anthropic translation) says it; the others pass it on."""
+    frame = b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+    try:
+        for t in transforms:
+            refuse = getattr(t, "refuse", None)
+            frame = refuse(err) if refuse is not None else t(frame)
+        return frame if flushed else frame + _flush_chain(transforms)
+    except Exception as exc:  # a transform that cannot take the error must not hide it from the client
+        log.error("a transform failed on the refusal event", error=repr(exc), exc_info=exc)
+        return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
 
 
 def _apply(transforms: list[Transform], data: bytes) -> bytes:

@@ -92,8 +92,12 @@ class Upstream:
             body = flow.request.upstream_body(target.json_patch)
             if target.observer is not None:
                 target.observer.attempt_started(target)
+            flow.upstream = target  # the record names it even when the client leaves before its answer
             try:
                 resp = await self.pool.request(flow.request.method, target.url, headers, body)
+            except asyncio.CancelledError:  # the client left: not the upstream's fault, and no attempt leaks
+                self._ended(target, ok=True)
+                raise
             except (TimeoutError, OSError) as exc:
                 last_error = map_upstream_error(exc, target.name)
                 self._ended(target, ok=False)
@@ -110,7 +114,6 @@ class Upstream:
                 self._ended(target, ok=False)
                 last_error = UpstreamError(f"upstream {target.name} answered {resp.status}")
                 continue
-            flow.upstream = target
             return resp
         raise last_error or UpstreamError("no upstream is configured for this request")
 

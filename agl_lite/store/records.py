@@ -84,6 +84,8 @@ class CallOutcome(StrEnum):
     """The stream ended without `[DONE]`."""
     REJECTED = "rejected"
     """The gateway answered itself (unknown model, budget, pause) and never called upstream."""
+    ABORTED = "aborted"
+    """The gateway shut down before the end; the upstream was closed."""
 
 
 @dataclass(slots=True)

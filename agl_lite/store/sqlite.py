@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 import orjson
 import structlog
 
-from agl_lite.errors import ConfigError, HttpError, InternalError, ServiceUnavailable
+from agl_lite.errors import ConfigError, HttpError, InsufficientStorage, InternalError, ServiceUnavailable
 from agl_lite.store import codec
 from agl_lite.store.base import RolloutFilter, Store
 from agl_lite.store.records import (
@@ -447,6 +447,37 @@ class _Locked(Exception):
     """Another connection holds the database's write lock."""
 
 
+RETRY_AFTER_S = 5
+"""What a write refused for want of disk (507) or of a writable database (503) tells its client to wait."""
+
+_UNWRITABLE = frozenset(
+    {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PROTOCOL}
+)
+
+
+def commit_error(exc: BaseException) -> HttpError:
+    """The client's answer for a write the database could not commit. A full disk (507) and a database that cannot
+    be written (read-only, I/O errors: 503) are conditions of the machine that pass: each says when to retry, and
+    the next write tries again (nothing stays broken). Anything else is a 500."""
+    retry = {"Retry-After": str(RETRY_AFTER_S)}
+    if isinstance(exc, _Locked):
+        return ServiceUnavailable(
+            "the store's database is locked by another process; retry later", headers=retry
+        )
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    if primary == sqlite3.SQLITE_FULL:
+        return InsufficientStorage(
+            "the store's disk is full; nothing was written, retry later", headers=retry
+        )
+    if primary in _UNWRITABLE:
+        name = getattr(exc, "sqlite_errorname", "error")
+        return ServiceUnavailable(
+            f"the store cannot write its database ({name}); nothing was written, retry later", headers=retry
+        )
+    return InternalError("the store could not commit the write")
+
+
 class SQLiteStore(Store):
     """`await SQLiteStore.open(path)`. One writer with group commit: the writes made during one event-loop iteration
     commit together, in one transaction of up to `batch` operations.
@@ -659,7 +690,7 @@ class SQLiteStore(Store):
                     one, one_added = self._run_batch(repo, [item], True)
                 except (sqlite3.Error, _Locked) as exc_one:
                     log.error("store commit failed", error=repr(exc_one))
-                    one = [(item[1], item[2], None, InternalError("the store could not commit the write"))]
+                    one = [(item[1], item[2], None, commit_error(exc_one))]
                     one_added = []
                 results += one
                 added += one_added

@@ -28,43 +28,45 @@ def flow(path: str, headers: dict[str, str] | None = None) -> Flow:
 
 async def test_admin_key_passes_on_bare_path() -> None:
     f = flow("/v1/chat/completions", {"Authorization": f"Bearer {ADMIN_KEY}"})
-    await auth().request(f)
+    await auth().request_headers(f)
     assert f.metadata["auth.role"] is KeyRole.ADMIN
     assert "auth.rollout_id" not in f.metadata
 
 
 async def test_agent_key_attributes_the_call() -> None:
     f = flow(AGENT_PATH, {"Authorization": f"Bearer {derive_key(ADMIN_KEY, 'ro-1')}"})
-    await auth().request(f)
+    await auth().request_headers(f)
     assert f.metadata["auth.role"] is KeyRole.AGENT
     assert (f.metadata["auth.rollout_id"], f.metadata["auth.attempt_id"]) == ("ro-1", "at-1")
 
 
 async def test_x_api_key_header_is_accepted() -> None:
     f = flow(AGENT_PATH, {"x-api-key": derive_key(ADMIN_KEY, "ro-1")})
-    await auth().request(f)
+    await auth().request_headers(f)
     assert f.metadata["auth.role"] is KeyRole.AGENT
 
 
 async def test_missing_key_is_401() -> None:
     with pytest.raises(Unauthorized, match="missing API key"):
-        await auth().request(flow(AGENT_PATH))
+        await auth().request_headers(flow(AGENT_PATH))
 
 
 async def test_invalid_key_is_401_and_message_does_not_echo_it() -> None:
     with pytest.raises(Unauthorized) as info:
-        await auth().request(flow(AGENT_PATH, {"Authorization": "Bearer sk-secret-guess"}))
+        await auth().request_headers(flow(AGENT_PATH, {"Authorization": "Bearer sk-secret-guess"}))
     assert "sk-secret-guess" not in json.dumps(info.value.body())
 
 
 async def test_another_rollouts_key_is_403() -> None:
     with pytest.raises(Forbidden, match="another rollout"):
-        await auth().request(flow(AGENT_PATH, {"Authorization": f"Bearer {derive_key(ADMIN_KEY, 'ro-2')}"}))
+        await auth().request_headers(
+            flow(AGENT_PATH, {"Authorization": f"Bearer {derive_key(ADMIN_KEY, 'ro-2')}"})
+        )
 
 
 async def test_agent_key_on_admin_route_is_403() -> None:
     with pytest.raises(Forbidden, match="needs the admin key"):
-        await auth().request(
+        await auth().request_headers(
             flow("/v1/chat/completions", {"Authorization": f"Bearer {derive_key(ADMIN_KEY, 'ro-1')}"})
         )
 
@@ -72,12 +74,12 @@ async def test_agent_key_on_admin_route_is_403() -> None:
 async def test_grader_key_on_agent_route_is_403() -> None:
     key = derive_key(ADMIN_KEY, "ro-1", KeyRole.GRADER)
     with pytest.raises(Forbidden, match="grader key cannot call"):
-        await auth().request(flow(AGENT_PATH, {"Authorization": f"Bearer {key}"}))
+        await auth().request_headers(flow(AGENT_PATH, {"Authorization": f"Bearer {key}"}))
 
 
 async def test_public_route_needs_no_key() -> None:
     f = make_flow("GET", "/healthz")
-    await auth().request(f)
+    await auth().request_headers(f)
     assert f.response is None
 
 

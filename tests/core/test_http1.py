@@ -314,3 +314,77 @@ async def test_header_bytes_that_are_not_utf8_leave_as_they_came(pool: Connectio
         )
         assert await resp.read() == b"ok"
     assert b"\r\nX-Raw: a\xffb\r\n" in heads[0]
+
+
+async def test_a_connection_paused_by_its_last_read_is_pooled_reading(
+    pool: ConnectionPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue #15 H2: a read that filled the buffer to the high-water mark paused the connection, the answer ended
+    # in that read, and the connection went back to the pool paused: the next exchange on it waited forever.
+    # With the mark at one byte, every answer's last read pauses its connection.
+    monkeypatch.setattr(http1, "HIGH_WATER", 1)
+    async with Server(answer_ok_forever) as server:
+        for _ in range(3):
+            resp = await asyncio.wait_for(pool.request("POST", server.url(), [], b"{}"), 5)
+            assert await asyncio.wait_for(resp.read(), 5) == b"ok"
+        assert server.connections == 1
+
+
+async def test_bytes_past_the_content_length_close_the_connection(pool: ConnectionPool) -> None:
+    # Issue #15 M6: the extra bytes parsed as a second answer put the connection into the pool twice; two callers
+    # then shared one socket and one of them hung.
+    extra = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstray"
+
+    async def overlong_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = True
+        while True:
+            await read_request(reader)
+            writer.write(OK + extra if first else OK)
+            first = False
+
+    async with Server(overlong_once) as server:
+        resp = await pool.request("POST", server.url(), [], b"{}")
+        assert await resp.read() == b"ok"
+        assert sum(len(v) for v in pool._idle.values()) == 0
+        again = await asyncio.wait_for(
+            asyncio.gather(*(pool.request("POST", server.url(), [], b"{}") for _ in range(2))), 5
+        )
+        assert [await asyncio.wait_for(r.read(), 5) for r in again] == [b"ok", b"ok"]
+        assert server.connections == 3
+
+
+async def test_bytes_sent_to_an_idle_connection_close_it(pool: ConnectionPool) -> None:
+    answered = asyncio.Event()
+
+    async def late_bytes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(OK)
+        await answered.wait()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstray")
+        await reader.read()
+
+    async with Server(late_bytes) as server:
+        resp = await pool.request("POST", server.url(), [], b"{}")
+        assert await resp.read() == b"ok"
+        assert pool.open_connections == 1
+        answered.set()
+        async with asyncio.timeout(5):
+            while server.closed < 1:
+                server.changed.clear()
+                await server.changed.wait()
+        assert pool.open_connections == 0
+
+
+async def test_a_response_head_past_the_cap_is_refused(pool: ConnectionPool) -> None:
+    async def huge_head(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for i in range(2 * http1.MAX_HEAD_BYTES // 1024):
+            writer.write(b"X-Filler-%d: %s\r\n" % (i, b"x" * 1024))
+            await writer.drain()
+        await reader.read()
+
+    async with Server(huge_head) as server:
+        with pytest.raises(ProtocolError, match="head exceeds"):
+            await asyncio.wait_for(pool.request("POST", server.url(), [], b"{}"), 5)
+    assert pool.open_connections == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import socket
 from collections import Counter
@@ -14,9 +15,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from agl_lite.addons.capture import Capture
 from agl_lite.core.flow import Flow
 from agl_lite.errors import ConfigError
 from agl_lite.service import build_gateway
+from agl_lite.store.records import CallOutcome
 from agl_lite.testing.gateway import write_config
 from agl_lite.testing.servers import serve_app
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
@@ -368,3 +371,136 @@ async def test_a_failing_running_hook_stops_the_gateway_and_frees_its_port(tmp_p
     assert gateway.upstream._pool is None  # closed and dropped
     with socket.socket() as probe:  # the port is free again: nothing is left listening
         probe.bind(("127.0.0.1", gateway.port))
+
+
+def _route_state(gw: Any) -> Any:
+    return next(a.addon for a in gw.addons.addons if a.name == "route")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_client_that_leaves_before_the_upstream_answers_leaves_one_record(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory, stream: bool
+) -> None:
+    # Issue #15 H1: cancelled while the upstream's headers were awaited, the flow fired neither `response_end` nor
+    # `error` (no record), and the upstream's in-flight count stayed one too high for good.
+    reached = asyncio.Event()
+    upstream_closed = asyncio.Event()
+
+    async def queued(request: web.Request) -> web.StreamResponse:
+        reached.set()
+        try:
+            await asyncio.Event().wait()  # a long queue: not even the headers come
+        finally:
+            upstream_closed.set()
+        raise AssertionError("unreachable")
+
+    probe = Probe()
+    base = await upstream(queued)
+    async with gateway_factory({"m": [base]}, extra_addons=[Capture(), probe]) as gw:
+        async with aiohttp.ClientSession() as s:
+            post = asyncio.ensure_future(
+                s.post(
+                    gateway_url(gw) + "/v1/chat/completions", json={**CHAT, "stream": stream}, headers=AUTH
+                )
+            )
+            await asyncio.wait_for(reached.wait(), 5)
+            assert _route_state(gw)._by_name["m"].upstreams[0].inflight == 1
+            post.cancel()  # the client times out and goes away
+            with pytest.raises(asyncio.CancelledError):
+                await post
+        await asyncio.wait_for(probe.done.wait(), 5)
+        await asyncio.wait_for(upstream_closed.wait(), 5)
+        assert _route_state(gw)._by_name["m"].upstreams[0].inflight == 0
+    assert probe.calls == {"error": 1, "flow_done": 1}
+    record = probe.flows[0].metadata["capture.record"]
+    assert (record.outcome, record.upstream) == (CallOutcome.CLIENT_DISCONNECTED, base)
+
+
+async def test_a_flow_cut_by_shutdown_is_recorded_as_aborted_not_as_a_client_leaving(
+    upstream: Callable[[Handler], Awaitable[str]], tmp_path: Path
+) -> None:
+    reached = asyncio.Event()
+
+    async def queued(request: web.Request) -> web.StreamResponse:
+        reached.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    probe = Probe()
+    base = await upstream(queued)
+    config = write_config(tmp_path, {"m": [base]}, extra={"server": {"shutdown_timeout": 0.2}})
+    gateway = build_gateway(config, [Capture(), probe])
+    await gateway.start()
+    async with aiohttp.ClientSession() as s:
+        post = asyncio.ensure_future(
+            s.post(gateway_url(gateway) + "/v1/chat/completions", json=CHAT, headers=AUTH)
+        )
+        await asyncio.wait_for(reached.wait(), 5)
+        await gateway.stop()
+        with pytest.raises(aiohttp.ClientError):
+            await post
+    flow = probe.flows[0]
+    assert not flow.client_disconnected
+    assert flow.metadata["capture.record"].outcome is CallOutcome.ABORTED
+
+
+async def test_a_body_that_is_not_what_its_content_encoding_says_is_a_json_400(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
+) -> None:
+    # Issue #15 M1: aiohttp's own decoding answered a plain-text 500 and logged a traceback.
+    async def never(request: web.Request) -> web.StreamResponse:
+        raise AssertionError("an undecodable body must not be forwarded")
+
+    base = await upstream(never)
+    async with gateway_factory({"m": [base]}) as gw, aiohttp.ClientSession(auto_decompress=False) as s:
+        for encoding, status, kind in [
+            ("gzip", 400, "invalid_request"),
+            ("deflate", 400, "invalid_request"),
+            ("br", 415, "unsupported_media_type"),
+        ]:
+            headers = {**AUTH, "Content-Encoding": encoding, "Content-Type": "application/json"}
+            async with s.post(
+                gateway_url(gw) + "/v1/chat/completions", data=json.dumps(CHAT), headers=headers
+            ) as r:
+                assert r.status == status
+                assert r.headers["Content-Type"].startswith("application/json")
+                assert (await r.json())["error"]["type"] == kind
+
+
+async def test_a_compressed_body_is_forwarded_decoded_and_without_its_content_encoding(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
+) -> None:
+    seen: list[tuple[str | None, bytes]] = []
+
+    async def echo(request: web.Request) -> web.StreamResponse:
+        seen.append((request.headers.get("Content-Encoding"), await request.read()))
+        return web.json_response({"ok": True})
+
+    base = await upstream(echo)
+    raw = json.dumps(CHAT).encode()
+    async with gateway_factory({"m": [base]}) as gw, aiohttp.ClientSession() as s:
+        headers = {**AUTH, "Content-Encoding": "gzip", "Content-Type": "application/json"}
+        async with s.post(
+            gateway_url(gw) + "/v1/chat/completions", data=gzip.compress(raw), headers=headers
+        ) as r:
+            assert r.status == 200
+    assert seen == [(None, raw)]
+
+
+async def test_a_request_without_a_valid_key_is_answered_before_its_body_is_read(
+    gateway_factory: GatewayFactory,
+) -> None:
+    # Issue #15 M3: up to max_body_bytes were read (and held) before the key was checked.
+    async with gateway_factory({"m": ["http://127.0.0.1:9/v1"]}) as gw:
+        for key in ("", "Authorization: Bearer not-a-key\r\n"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + key.encode()
+                + b"Content-Length: 60000000\r\n\r\n{"  # 60 MB announced, one byte sent
+            )
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)  # not after the body timeout
+            assert head.startswith(b"HTTP/1.1 401 ")
+            assert b"Connection: close" in head
+            writer.close()

@@ -12,10 +12,11 @@ from typing import Any
 
 import orjson
 
-from agl_lite.capture.anthropic.errors import error_status, reshape_error
+from agl_lite.capture.anthropic.errors import error_event, error_status, reshape_error
 from agl_lite.capture.anthropic.message import MessageBuilder
 from agl_lite.capture.client_view import ClientView
 from agl_lite.core.sse import SSEParser
+from agl_lite.errors import HttpError
 
 __all__ = ["StreamTranslator", "message_body", "token_count_body"]
 
@@ -90,6 +91,13 @@ class StreamTranslator:
             b.fail(502, "the upstream's stream ended before it finished")
         self._view.response = b.message()
         return b.take()
+
+    def refuse(self, err: HttpError) -> bytes:
+        """The end of the stream when the core refuses its end (the record could not be committed): what is still
+        owed, then an `event: error` in place of `message_delta` and `message_stop`."""
+        owed = self._builder.take()
+        self._builder.failed = self._done = True
+        return owed + error_event(err.status, err.message)
 
     def snapshot(self) -> None:
         """Record what the client received so far (the exchange failed before `flush`)."""
