@@ -128,6 +128,11 @@ class Capture:
     `route.model_version`, and `capture.client_view` (left by a translating addon such as anthropic).
     """
 
+    after = {
+        "route": "capture reads route.backend in request, to know what to ask vLLM for",
+        "anthropic": "capture records the chat request anthropic translates, and the client view it leaves",
+    }
+
     @dataclass(frozen=True, slots=True)
     class Options:
         logprobs: bool = option(

@@ -49,6 +49,8 @@ class _CommitLatency(Collector):
 
 
 class Sink:
+    after = {"capture": "it commits the record capture builds in response_end"}
+
     @dataclass(frozen=True, slots=True)
     class Options:
         durability: Literal["sync", "async"] = option(

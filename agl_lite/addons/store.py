@@ -18,6 +18,9 @@ __all__ = ["Storage"]
 
 
 class Storage:
+    provides = (STORE,)
+    """Configured before every other addon, so that any of them finds the store in its own `configure`."""
+
     @dataclass(frozen=True, slots=True)
     class Options:
         backend: Literal["sqlite", "memory"] = option(

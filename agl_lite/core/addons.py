@@ -19,12 +19,12 @@ import structlog
 from agl_lite.core.config import GatewayConfig, parse_dataclass
 from agl_lite.core.flow import Flow, error_response
 from agl_lite.core.hooks import Hook, all_hooks
-from agl_lite.core.registry import resolve_addon
+from agl_lite.core.registry import ADDONS, resolve_addon
 from agl_lite.core.routes import HttpRoute
 from agl_lite.core.services import LoadContext
 from agl_lite.errors import ConfigError, HttpError, InternalError
 
-__all__ = ["AddonManager", "LoadedAddon", "load_chain"]
+__all__ = ["AddonManager", "LoadedAddon", "check_order", "load_chain"]
 
 log = structlog.get_logger("agl_lite.addons")
 
@@ -74,9 +74,35 @@ def _config_files(config: GatewayConfig) -> set[Path]:
     return {Path(os.path.realpath(p)) for p in (config.source, config.routes_path)}
 
 
+def _canonical(item: LoadedAddon) -> str:
+    """The short name of a built-in addon however it was named (short name, import string, instance), else its
+    chain name."""
+    cls = type(item.addon)
+    return _SHORT_NAMES.get(f"{cls.__module__}:{cls.__qualname__}", item.name)
+
+
+_SHORT_NAMES = {target: short for short, target in ADDONS.items()}
+
+
+def check_order(addons: Sequence[LoadedAddon]) -> None:
+    """Each addon's `after` (short name → why) names addons that, when in the chain, must come before it: their
+    hooks set what it reads. A chain that breaks one is a ConfigError naming both (it would start, and silently
+    skip a check or store nothing)."""
+    position = {_canonical(item): i for i, item in enumerate(addons)}
+    for i, item in enumerate(addons):
+        for earlier, why in getattr(item.addon, "after", {}).items():
+            j = position.get(earlier)
+            if j is not None and j > i:
+                raise ConfigError(
+                    f"addons.chain: {item.name!r} must come after {addons[j].name!r} ({why}); "
+                    f"move {addons[j].name!r} before {item.name!r}"
+                )
+
+
 class AddonManager:
     def __init__(self, addons: Sequence[LoadedAddon], ctx: LoadContext | None = None) -> None:
         self.addons = list(addons)
+        check_order(self.addons)
         self.ctx = ctx or LoadContext()
         self._handlers: dict[str, list[_Handler]] = {}
         for hook_name in all_hooks:
@@ -115,9 +141,15 @@ class AddonManager:
             await self._call_strict(h, self.ctx)
 
     async def configure(self, config: GatewayConfig) -> None:
+        """`configure` in chain order, except that the addons providing services (`provides`) go first: an addon
+        looks a service up in its own `configure`, wherever the provider stands in the chain."""
         options = {item.name: item.options for item in self.addons}
+        providers = {item.name for item in self.addons if getattr(item.addon, "provides", ())}
         self.ctx.private_paths.update(_config_files(config))
-        for h in self._handlers["configure"]:
+        handlers = self._handlers["configure"]
+        for h in [h for h in handlers if h.addon in providers] + [
+            h for h in handlers if h.addon not in providers
+        ]:
             await self._call_strict(h, config, options[h.addon])
 
     async def running(self) -> None:

@@ -96,6 +96,11 @@ class UpstreamConfig:
     )
     max_connections: int = option(2048, "Upper bound on open upstream connections (all upstreams together).")
     keepalive_timeout: float = option(30.0, "Seconds an idle upstream connection is kept for reuse.")
+    max_event_bytes: int = option(
+        32 * MiB,
+        "Largest line of an upstream event stream, and largest plain body, relayed; past it the call fails "
+        "(capture parses each whole, so this bounds a call's memory).",
+    )
     retry_on_status: tuple[int, ...] = option(
         (502, 503),
         "Upstream statuses retried on the next upstream (only before any byte reached the client).",

@@ -25,8 +25,9 @@ from multidict import CIMultiDict
 from agl_lite.core.addons import AddonManager
 from agl_lite.core.config import GatewayConfig
 from agl_lite.core.encoding import decode_body
+from agl_lite.core.fdlimit import raise_nofile
 from agl_lite.core.flow import Flow, Request, Response, Transform, error_response, json_response
-from agl_lite.core.http1 import HttpResponse
+from agl_lite.core.http1 import HttpResponse, ProtocolError
 from agl_lite.core.routes import HttpRoute, RouteKind, RouteTable, Scope
 from agl_lite.core.sse import DoneDetector
 from agl_lite.core.upstream import Upstream, filter_headers, map_upstream_error
@@ -58,6 +59,8 @@ class Gateway:
             raise ConfigError(
                 f"{config.source}: server.header_timeout_s and server.body_timeout_s must be > 0"
             )
+        if config.upstream.max_event_bytes < 1:
+            raise ConfigError(f"{config.source}: upstream.max_event_bytes must be >= 1")
         self.config = config
         self.addons = addons
         self.table = RouteTable([*CORE_ROUTES, *addons.routes()])
@@ -101,6 +104,7 @@ class Gateway:
         The socket is bound first so that with port 0 the addons are configured with the real port
         (`config.public_url` is what agents are told).
         """
+        raise_nofile(self.config.upstream.max_connections)
         sock = _bind(self.config.server.host, self.config.server.port)
         try:
             self.port = sock.getsockname()[1]
@@ -279,9 +283,23 @@ class Gateway:
             # on (after response_end, until the upstream's end), so that they leave with the end of the body.
             pending: bytes | None = None
             done = DoneDetector()
+            cap = self.config.upstream.max_event_bytes
+            run = 0  # bytes of the stream's current line, or of the whole plain body
             async for chunk in up.content.iter_any():
                 if flow.t_first_byte is None:
                     flow.t_first_byte = time.monotonic()
+                # Before the taps, which parse (and so hold) each line whole: one endless line must not become
+                # an endless buffer.
+                if response.is_event_stream:
+                    end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
+                    run = run + len(chunk) if end < 0 else len(chunk) - end - 1
+                else:
+                    run += len(chunk)
+                if run > cap:
+                    what = "an event stream line" if response.is_event_stream else "a body"
+                    raise ProtocolError(
+                        f"the upstream sent {what} over {cap} bytes (upstream.max_event_bytes)"
+                    )
                 for tap in taps:
                     tap(chunk)
                 if transforms:

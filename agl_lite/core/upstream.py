@@ -16,7 +16,7 @@ from multidict import CIMultiDict
 
 from agl_lite.core.config import UpstreamConfig
 from agl_lite.core.flow import Flow, UpstreamTarget
-from agl_lite.core.http1 import ConnectError, ConnectionPool, HttpResponse
+from agl_lite.core.http1 import ConnectError, ConnectionPool, HttpResponse, ProtocolError
 from agl_lite.errors import UpstreamError, UpstreamTimeout
 
 __all__ = ["HOP_BY_HOP", "Upstream", "filter_headers", "map_upstream_error"]
@@ -130,4 +130,6 @@ def map_upstream_error(exc: BaseException, name: str, *, mid_response: bool = Fa
         return UpstreamTimeout(f"upstream {name} timed out{when}")
     if isinstance(exc, ConnectError):
         return UpstreamError(f"cannot connect to upstream {name}: {exc.os_error.strerror or exc.os_error}")
+    if isinstance(exc, ProtocolError):  # its message is ours, and says what the upstream did wrong
+        return UpstreamError(f"upstream {name} failed{when}: {exc}")
     return UpstreamError(f"upstream {name} failed{when}: {type(exc).__name__}")

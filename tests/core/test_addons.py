@@ -140,3 +140,43 @@ def test_addon_listed_twice_is_an_error(tmp_path: Path) -> None:
     path.write_text('[addons]\nchain = ["auth", "auth"]\n')
     with pytest.raises(ConfigError, match="appears twice"):
         load_chain(load_config(path))
+
+
+def _chain(tmp_path: Path, chain: list[str]) -> list[LoadedAddon]:
+    (tmp_path / "agl-lite.toml").write_text(f"[addons]\nchain = {json.dumps(chain)}\n")
+    return load_chain(load_config(tmp_path / "agl-lite.toml"))
+
+
+@pytest.mark.parametrize(
+    ("chain", "late", "early"),
+    [
+        (["auth", "route", "sink", "capture"], "sink", "capture"),
+        (["auth", "capture", "route"], "capture", "route"),
+        (["auth", "route", "capture", "anthropic"], "capture", "anthropic"),
+        (["auth", "route", "agl_lite.addons.sink:Sink", "capture"], "agl_lite.addons.sink:Sink", "capture"),
+    ],
+)
+def test_a_chain_that_runs_an_addon_before_what_it_reads_is_a_config_error_naming_both(
+    tmp_path: Path, chain: list[str], late: str, early: str
+) -> None:
+    # Issue #15: `sink` before `capture` passed check-config, started, and stored nothing.
+    with pytest.raises(ConfigError, match=f"'{late}' must come after '{early}'"):
+        AddonManager(_chain(tmp_path, chain))
+
+
+async def test_services_are_there_for_every_configure_wherever_their_provider_stands(tmp_path: Path) -> None:
+    # Issue #15: with `auth` before `store`, auth found no store when configured and silently skipped the
+    # rollout-running gate: a cancelled rollout's agent key got 200.
+    (tmp_path / "agl-lite.toml").write_text(
+        '[addons]\nchain = ["auth", "tokens", "store"]\n[addons.store]\nbackend = "memory"\n'
+    )
+    config = load_config(tmp_path / "agl-lite.toml")
+    manager = AddonManager(load_chain(config))
+    await manager.load()
+    await manager.configure(config)
+    try:
+        auth, tokens, store = (item.addon for item in manager.addons)
+        assert auth.store is store.store
+        assert tokens.store is store.store
+    finally:
+        await manager.shutdown()

@@ -504,3 +504,52 @@ async def test_a_request_without_a_valid_key_is_answered_before_its_body_is_read
             assert head.startswith(b"HTTP/1.1 401 ")
             assert b"Connection: close" in head
             writer.close()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_upstream_line_or_body_past_max_event_bytes_fails_the_call(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory, stream: bool
+) -> None:
+    # Issue #15 M7: one 400 MB event line drove a call to 1.26 GB: capture parses each line whole.
+    cap = 256 * 1024
+
+    async def endless_line(request: web.Request) -> web.StreamResponse:
+        resp = (
+            await sse_start(request)
+            if stream
+            else web.StreamResponse(headers={"Content-Type": "application/json"})
+        )
+        if not stream:
+            await resp.prepare(request)
+        await resp.write(chunk("fine"))
+        await resp.write(b"data: {")
+        try:
+            for _ in range(4 * cap // 4096):  # bounded: four times the cap
+                await resp.write(b'"x": 1,' * 585)
+        except ConnectionError:
+            pass
+        return resp
+
+    probe = Probe()
+    base = await upstream(endless_line)
+    async with (
+        gateway_factory(
+            {"m": [base]}, extra={"upstream": {"max_event_bytes": cap}}, extra_addons=[Capture(), probe]
+        ) as gw,
+        aiohttp.ClientSession() as s,
+    ):
+        async with s.post(
+            gateway_url(gw) + "/v1/chat/completions", json={**CHAT, "stream": stream}, headers=AUTH
+        ) as r:
+            try:
+                received = await r.read()
+            except (
+                aiohttp.ClientPayloadError
+            ):  # a plain body is cut: its status went out with its first bytes
+                received = b""
+        await asyncio.wait_for(probe.done.wait(), 5)
+    if stream:
+        assert b"max_event_bytes" in received.rsplit(b"data: ", 1)[-1]
+    record = probe.flows[0].metadata["capture.record"]
+    assert record.outcome is CallOutcome.UPSTREAM_ERROR
+    assert "max_event_bytes" in record.error
