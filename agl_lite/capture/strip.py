@@ -92,7 +92,9 @@ class StreamStripper:
         if self._usage and data.find(b'"choices":[]') >= 0:
             data = _drop_events(data, b'"choices":[]', _is_usage_event)
         if self._empty_deltas and data.find(b'"delta":{}') >= 0:
-            data = _drop_events(data, b'"delta":{}', _is_id_only_delta)
+            # An empty delta that carries logprobs the client asked for is vLLM's too: it stays.
+            drop = _is_id_only_delta if self._logprobs else _is_id_only_delta_without_logprobs
+            data = _drop_events(data, b'"delta":{}', drop)
         if self._logprobs and data.find(b'"logprobs":{') >= 0:
             data = b"".join(_null_logprobs(ev) + b"\n\n" for ev in data.split(b"\n\n")[:-1])
         return data
@@ -115,6 +117,10 @@ def _is_usage_event(ev: bytes) -> bool:
 def _is_id_only_delta(ev: bytes) -> bool:
     """A chunk vLLM sends only because token ids were asked for: an empty delta that does not finish a choice."""
     return ev.find(b'"finish_reason":null') >= 0 and ev.count(b'"delta":') == 1
+
+
+def _is_id_only_delta_without_logprobs(ev: bytes) -> bool:
+    return _is_id_only_delta(ev) and ev.find(b'"logprobs":{') < 0
 
 
 def _drop_events(data: bytes, marker: bytes, drop: Callable[[bytes], bool]) -> bytes:

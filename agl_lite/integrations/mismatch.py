@@ -52,7 +52,9 @@ def classify(
     if not faithful:
         return Mismatch.OTHER
     if decode is not None:
-        before = decode(parent.prompt_ids.tolist() + parent.response_ids.tolist())
+        # A reply cut by max_tokens inside a character ends in bytes that decode to U+FFFD; the client saw (and sent
+        # back) the text without them, so they are no sign of a changed template.
+        before = decode(parent.prompt_ids.tolist() + parent.response_ids.tolist()).rstrip("\ufffd")
         after = decode(child.prompt_ids.tolist())
         return Mismatch.RETOKENIZATION if after.startswith(before) else Mismatch.TEMPLATE
     # Without a tokenizer: the same messages render the same ids up to the reply unless the rendering changed.

@@ -148,10 +148,11 @@ def _chat_choice_chunks(out: ChoiceOutput, env: Envelope) -> list[dict[str, Any]
     last = len(deltas) - 1
     for i, delta in enumerate(deltas):
         finish = out.finish_reason if i == last else None
-        # vLLM drops a chunk the parser left empty unless the client wants every token's id.
-        if not delta and finish is None and not env.return_ids:
-            continue
         has_token = i < len(out.token_ids)
+        # vLLM drops a chunk the parser left empty unless the client wants every token's id, or its logprob
+        # (real vLLM sends `"delta":{}` with the logprobs of the tokens its tool parser holds back).
+        if not delta and finish is None and not env.return_ids and not (env.logprobs and has_token):
+            continue
         choice: dict[str, Any] = {
             "index": out.index,
             "delta": delta,

@@ -44,8 +44,7 @@ def test_events_for_thinking_text_and_a_tool_call_in_order() -> None:
         ("content_block_delta", 1, "text_delta"),
         ("content_block_stop", 1, None),
         ("content_block_start", 2, "tool_use"),
-        ("content_block_delta", 2, "input_json_delta"),
-        ("content_block_delta", 2, "input_json_delta"),
+        ("content_block_delta", 2, "input_json_delta"),  # the arguments, once whole (held: see `tool`)
         ("content_block_stop", 2, None),
         ("message_delta", None, None),
         ("message_stop", None, None),

@@ -277,3 +277,15 @@ def test_a_usage_event_goes_wherever_it_comes() -> None:
     t = StreamStripper(Strip(usage=True), chat=True)
     assert t(usage + text) == text
     assert t(text + usage + b"data: [DONE]\n\n") == text + b"data: [DONE]\n\n"
+
+
+def test_real_capture_empty_deltas_with_the_logprobs_the_client_asked_for_stay() -> None:
+    # Issue #15: streamed calls with `logprobs: true` lost every logprob of the tokens vLLM's tool parser held
+    # back: their chunks (an empty delta with a logprob) were dropped as if they carried ids only.
+    raw = (FIXTURES / "chat-stream-required-tool-ids-logprobs.sse").read_bytes()
+    got = events(run_transform(Strip(token_ids=True), [raw], stream=True, chat=True))
+    with_logprobs = [ev for ev in events(raw) if any(c.get("logprobs") for c in ev["choices"])]
+    assert any(c["delta"] == {} for ev in with_logprobs for c in ev["choices"])
+    assert [ev for ev in got if any(c.get("logprobs") for c in ev["choices"])] == [
+        {**ev, "choices": [{**c, "token_ids": None} for c in ev["choices"]]} for ev in with_logprobs
+    ]

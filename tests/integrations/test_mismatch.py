@@ -46,3 +46,19 @@ def test_without_a_decoder_the_position_of_the_divergence_decides() -> None:
     child = tri(2, [1], [6])
     assert classify(PARENT, child, None, faithful=True, shared=3) is Mismatch.RETOKENIZATION
     assert classify(PARENT, child, None, faithful=True, shared=2) is Mismatch.TEMPLATE
+
+
+def test_a_reply_cut_inside_a_character_is_not_a_template_change() -> None:
+    # Issue #15: max_tokens cut the reply inside "é" (its first byte only); the client saw the text before it and
+    # sent that back, and the split was labelled `template` though the template had not changed.
+    pieces = {1: b"<s>", 2: b"Hi", 3: b"?", 4: b"caf", 5: "é".encode()[:1], 6: b"</s>", 7: b"<t>"}
+
+    def decode(ids):  # type: ignore[no-untyped-def]
+        return b"".join(pieces[i] for i in ids).decode("utf-8", "replace")
+
+    parent = tri(1, [1, 2, 3], [4, 5], conversation=["system:s", "user:a"], reply="assistant:caf")
+    child = tri(2, [1, 2, 3, 4, 6], [7])
+    assert decode([1, 2, 3, 4, 5]).endswith("\ufffd")
+    assert classify(parent, child, decode, faithful=True, shared=4) is Mismatch.RETOKENIZATION
+    changed = tri(2, [7, 2, 3, 4, 6], [7])
+    assert classify(parent, changed, decode, faithful=True, shared=0) is Mismatch.TEMPLATE

@@ -41,13 +41,15 @@ def stop_reason(finish: str | None, matched: Any, tool_use: bool) -> tuple[str, 
 
 
 class _Block:
-    __slots__ = ("id", "kind", "name", "pieces")
+    __slots__ = ("id", "input", "kind", "name", "pieces")
 
     def __init__(self, kind: str, block_id: str = "", name: str = "") -> None:
         self.kind = kind
         self.id = block_id
         self.name = name
         self.pieces: list[str] = []
+        self.input: dict[str, Any] | None = None
+        """A tool call's input as its client was given it, once its block closed."""
 
     def start(self) -> dict[str, Any]:
         if self.kind == "text":
@@ -69,7 +71,8 @@ class _Block:
             return {"type": "text", "text": joined}
         if self.kind == "thinking":
             return {"type": "thinking", "thinking": joined, "signature": ""}
-        return {"type": "tool_use", "id": self.id, "name": self.name, "input": _tool_input(joined)}
+        tool_input = self.input if self.input is not None else _tool_input(joined)
+        return {"type": "tool_use", "id": self.id, "name": self.name, "input": tool_input}
 
 
 def _tool_input(arguments: str) -> dict[str, Any]:
@@ -134,16 +137,20 @@ class MessageBuilder:
         self._piece("thinking", piece)
 
     def tool(self, index: int, call_id: Any, name: Any, arguments: Any) -> None:
-        """One streamed tool-call delta (chat's `tool_calls[i]`): a new index opens a `tool_use` block."""
+        """One streamed tool-call delta (chat's `tool_calls[i]`): a new index opens a `tool_use` block.
+
+        Its arguments are held until the block closes and then go out as one `input_json_delta` holding the JSON
+        object they parse to (`{}` when they are not one): a model may write a string, an array or broken JSON,
+        which Anthropic's SDKs cannot take as a tool's input, and the whole message must say the same. Arguments
+        that come after the block closed (parallel calls interleaved) change neither."""
         self.start()
         block = self._tools.get(index)
         if block is None:
             block_id = call_id if isinstance(call_id, str) and call_id else _new_tool_id()
             block = self._tools[index] = _Block("tool", block_id, name if isinstance(name, str) else "")
             self._open_block(block)
-        if isinstance(arguments, str) and arguments:
+        if isinstance(arguments, str) and arguments and block.input is None:
             block.pieces.append(arguments)
-            self._event("content_block_delta", self._delta(block, arguments))
 
     def finished(self, finish: str | None, matched: Any = None) -> None:
         """The choice's finish_reason: its last block is complete (`content_block_stop` goes out now)."""
@@ -231,6 +238,15 @@ class MessageBuilder:
         return {"type": "content_block_delta", "index": index, "delta": block.delta(piece)}
 
     def _close(self) -> None:
-        if self._open is not None:
-            self._event("content_block_stop", {"type": "content_block_stop", "index": len(self._blocks) - 1})
+        block = self._open
+        if block is not None:
+            index = len(self._blocks) - 1
+            if block.kind == "tool":
+                block.input = _tool_input("".join(block.pieces))
+                if block.input:
+                    delta = {"type": "input_json_delta", "partial_json": orjson.dumps(block.input).decode()}
+                    self._event(
+                        "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+                    )
+            self._event("content_block_stop", {"type": "content_block_stop", "index": index})
             self._open = None
