@@ -13,7 +13,7 @@ from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.flow import Flow
 from agl_lite.core.key_source import key_file, read_key
 from agl_lite.core.keys import KeyRole, identify
-from agl_lite.core.routes import Scope
+from agl_lite.core.routes import RouteKind, Scope
 from agl_lite.core.services import LoadContext
 from agl_lite.errors import ConfigError, Forbidden, Unauthorized
 from agl_lite.store.base import STORE, Store
@@ -51,6 +51,10 @@ class Auth:
     store: Store | None = None
     _ctx: LoadContext | None = None
 
+    def __init__(self) -> None:
+        self._in_flight: dict[str, set[Flow]] = {}
+        """Flows of each rollout that passed auth and have not ended: cut when their rollout ends."""
+
     def load(self, ctx: LoadContext) -> None:
         self._ctx = ctx
 
@@ -68,6 +72,8 @@ class Auth:
         if len(key) < MIN_KEY_LENGTH:
             raise ConfigError(f"{options.key_env} is too short: use at least {MIN_KEY_LENGTH} characters")
         self.admin_key = key
+        if self.store is not None:
+            self.store.on_rollout_ended(self._rollout_ended)
 
     async def request_headers(self, flow: Flow) -> None:
         # On the headers, before the body is read: a request without a valid key never gets to send one.
@@ -85,7 +91,11 @@ class Auth:
         if principal is None:
             raise Unauthorized("invalid API key")
         if principal.role is KeyRole.ADMIN:
-            flow.metadata["auth.role"] = principal.role
+            if route.kind is RouteKind.LLM and rollout_id is not None and self.store is not None:
+                # The admin key may call as any agent, by the rollout's rules: while it runs, as an attempt that
+                # exists or can start (else its calls would land in an ended rollout, or in no attempt at all).
+                await self.store.agent_gate(rollout_id, flow.request.path_params["attempt_id"])
+            self._admit(flow, principal.role, rollout_id)
             return
         if route.scope is Scope.ADMIN:
             raise Forbidden(f"{route.method} {route.path} needs the admin key")
@@ -100,4 +110,25 @@ class Auth:
                 raise Forbidden(f"rollout {rollout_id!r} is not running: its grader key no longer works")
         # Only now: a refused flow must leave no trace (capture records only flows with a role), least of all an
         # `llm_call` event in a rollout that has ended or that the key does not belong to.
-        flow.metadata["auth.role"] = principal.role
+        self._admit(flow, principal.role, rollout_id)
+
+    def _admit(self, flow: Flow, role: KeyRole, rollout_id: str | None) -> None:
+        flow.metadata["auth.role"] = role
+        if rollout_id is not None and flow.route.kind is RouteKind.LLM:
+            self._in_flight.setdefault(rollout_id, set()).add(flow)
+
+    def flow_done(self, flow: Flow) -> None:
+        rollout_id = flow.metadata.get("auth.rollout_id")
+        if not isinstance(rollout_id, str):
+            return
+        flows = self._in_flight.get(rollout_id)
+        if flows is not None:
+            flows.discard(flow)
+            if not flows:
+                del self._in_flight[rollout_id]
+
+    def _rollout_ended(self, rollout_id: str) -> None:
+        """A rollout ended (cancelled, finished): its LLM calls still in flight are cut, so that none goes on
+        spending the upstream's time for a trajectory that is closed (their records are kept, marked late)."""
+        for flow in list(self._in_flight.get(rollout_id, ())):
+            flow.abort(Forbidden(f"rollout {rollout_id!r} ended while this call was in flight"))

@@ -293,8 +293,8 @@ def _build(flow: Flow, call: _Call) -> LLMCall:
     error: str | None = None
     if flow.client_disconnected:
         outcome = CallOutcome.CLIENT_DISCONNECTED
-    elif isinstance(err, ShuttingDown):
-        outcome, error = CallOutcome.ABORTED, err.message
+    elif isinstance(err, ShuttingDown) or (err is not None and err is flow.abort_error):
+        outcome, error = CallOutcome.ABORTED, err.message  # the gateway cut it (shutdown, its rollout ended)
     elif err is not None:
         outcome, error = CallOutcome.UPSTREAM_ERROR, err.message
     elif resp is None:

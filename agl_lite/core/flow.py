@@ -177,9 +177,23 @@ class Flow:
     """The target being tried, then the one that answered (or the last one that failed)."""
     ended: bool = False
     """`response_end` or `error` has fired: the core fires `error` for a flow that ends without either."""
+    abort_error: HttpError | None = None
+    """Why the gateway cut the flow (`abort`): its client's answer and its record's error."""
+    canceller: Callable[[], object] | None = None
+    """Set by the core: stops the flow's handling wherever it waits."""
     metadata: dict[str, Any] = field(default_factory=dict)
     t_start: float = field(default_factory=time.monotonic)
     t_start_wall: float = field(default_factory=time.time)
     t_first_byte: float | None = None
     t_end: float | None = None
     bytes_to_client: int = 0
+
+    def abort(self, error: HttpError) -> None:
+        """Cut the flow now, wherever it is (an addon, the upstream's headers, mid-stream), unless it reached its
+        end: the upstream is dropped and the client gets `error` (an error event mid-stream). A rollout that ended
+        cuts its calls in flight this way."""
+        if self.ended or self.abort_error is not None:
+            return
+        self.abort_error = error
+        if self.canceller is not None:
+            self.canceller()

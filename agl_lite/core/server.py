@@ -154,6 +154,7 @@ class Gateway:
             route=match.route,
         )
         forwarding = False  # the body is in: from here on a cancelled flow still gets its `error`
+        flow.canceller = asyncio.current_task().cancel  # type: ignore[union-attr]
         try:
             await self.addons.request_headers(flow)
             if flow.response is not None:  # answered on its headers (a bad key): its body is never read
@@ -167,6 +168,13 @@ class Gateway:
             forwarding = True
             return await self._run_flow(request, flow)
         except asyncio.CancelledError:
+            # (not when the relay already took the cancellation for the client's or the shutdown's)
+            if flow.error is None and not flow.client_disconnected and _cut_by_us(flow):
+                flow.error = flow.abort_error
+                if forwarding and not flow.ended:
+                    await self.addons.error(flow)
+                flow.response = error_response(flow.error)  # type: ignore[arg-type]
+                return await self._send_short(request, flow, end_hooks=False)
             if forwarding and not flow.ended:
                 # Cancelled before the flow's end: the client left (or the gateway stopped) while an addon or the
                 # upstream's headers were awaited. `error` still fires, so that the flow leaves its one record.
@@ -178,6 +186,9 @@ class Gateway:
             internal = InternalError("internal error")
             return _json_web_response(internal.status, internal.body())
         finally:
+            flow.canceller = (
+                None  # (it holds this task, which holds the flow: no cycle left for the collector)
+            )
             flow.t_end = time.monotonic()
             await self.addons.flow_done(flow)
             if self._access_log:
@@ -349,8 +360,11 @@ class Gateway:
         except asyncio.CancelledError:
             # aiohttp cancels the handler when the client goes away (handler_cancellation=True), and at shutdown:
             # drop the upstream connection at once so the inference server frees the sequence's KV cache.
-            self._cancelled(flow)
             up.close()
+            if _cut_by_us(flow):  # the gateway cut it (`Flow.abort`) and its client is still there
+                assert flow.abort_error is not None
+                return await self._fail_mid_response(request, flow, out, flow.abort_error, ended)
+            self._cancelled(flow)
             await self._fail(flow, None, ended)
             raise
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -361,22 +375,7 @@ class Gateway:
                 await self._fail(flow, None, ended)
                 return out if out.prepared else web.Response(status=499)  # (nobody reads it)
             err = map_upstream_error(exc, flow.upstream.name if flow.upstream else "", mid_response=True)
-            await self._fail(flow, err, ended)
-            if response.is_event_stream and not ended:
-                # In-band, as vLLM itself reports errors mid-stream: the SDKs raise it as an APIError. It goes
-                # through the transforms like any event, so a translating addon speaks its client's dialect.
-                frame = _through(transforms, b"data: " + json.dumps(err.body()).encode() + b"\n\n")
-                if not out.prepared:
-                    await out.prepare(request)
-                await _write_quietly(out, frame)
-                await _write_eof_quietly(out)
-            elif not out.prepared:  # nothing of the body left yet: the error is the answer
-                flow.response = error_response(err)
-                return await self._send_short(request, flow, end_hooks=False)
-            elif request.transport is not None:
-                # A plain body cannot signal an error once its status went out: cut the connection instead.
-                request.transport.close()
-            return out
+            return await self._fail_mid_response(request, flow, out, err, ended)
         except Exception as exc:
             up.close()
             log.error("relay failed", error=repr(exc), exc_info=exc)
@@ -387,6 +386,29 @@ class Gateway:
             if request.transport is not None:
                 request.transport.close()
             return out
+
+    async def _fail_mid_response(
+        self, request: web.BaseRequest, flow: Flow, out: web.StreamResponse, err: HttpError, ended: bool
+    ) -> web.StreamResponse:
+        """The exchange failed after the upstream's headers: the client gets `err` in the only way still open."""
+        await self._fail(flow, err, ended)
+        response = flow.response
+        assert response is not None
+        if response.is_event_stream and not ended:
+            # In-band, as vLLM itself reports errors mid-stream: the SDKs raise it as an APIError. It goes
+            # through the transforms like any event, so a translating addon speaks its client's dialect.
+            frame = _through(response.transforms, b"data: " + json.dumps(err.body()).encode() + b"\n\n")
+            if not out.prepared:
+                await out.prepare(request)
+            await _write_quietly(out, frame)
+            await _write_eof_quietly(out)
+        elif not out.prepared:  # nothing of the body left yet: the error is the answer
+            flow.response = error_response(err)
+            return await self._send_short(request, flow, end_hooks=False)
+        elif request.transport is not None:
+            # A plain body cannot signal an error once its status went out: cut the connection instead.
+            request.transport.close()
+        return out
 
     async def _refuse(
         self, request: web.BaseRequest, flow: Flow, out: web.StreamResponse, *, flushed: bool
@@ -424,6 +446,13 @@ class Gateway:
             flow.error = err
         if not ended:
             await self.addons.error(flow)
+
+
+def _cut_by_us(flow: Flow) -> bool:
+    """Whether a cancellation is the gateway's `Flow.abort` alone (then the client is still there to be answered,
+    and the task is uncancelled); False when aiohttp cancelled it too (the client left, or shutdown)."""
+    task = asyncio.current_task()
+    return flow.abort_error is not None and task is not None and task.uncancel() == 0
 
 
 def _flush_chain(transforms: list[Transform]) -> bytes:

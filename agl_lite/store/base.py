@@ -129,6 +129,7 @@ class Store:
         self._status: dict[str, RolloutStatus] = {}
         self._seen_attempts: set[tuple[str, str]] = set()
         self._model_listeners: list[Callable[[ModelRecord], None]] = []
+        self._ended_listeners: list[Callable[[str], None]] = []
 
     # --- what a backend provides ---------------------------------------------------------------------------------
 
@@ -211,8 +212,7 @@ class Store:
         result = await self._write(
             lambda repo: self._transition(repo, rollout_id, RolloutStatus.CANCELLED, message)
         )
-        self._status[rollout_id] = result.status
-        self._notify_completion()
+        self._ended(rollout_id, result.status)
         return result
 
     async def finish(self, rollout_id: str, status: RolloutStatus, message: str | None = None) -> Rollout:
@@ -220,9 +220,19 @@ class Store:
         if status not in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED):
             raise BadRequest("a rollout finishes as 'succeeded' or 'failed' (use cancel to cancel)")
         result = await self._write(lambda repo: self._transition(repo, rollout_id, status, message))
-        self._status[rollout_id] = result.status
-        self._notify_completion()
+        self._ended(rollout_id, result.status)
         return result
+
+    def on_rollout_ended(self, listener: Callable[[str], None]) -> None:
+        """Call `listener(rollout_id)` once a rollout turned terminal through this store (the gateway then cuts
+        the calls it still has in flight)."""
+        self._ended_listeners.append(listener)
+
+    def _ended(self, rollout_id: str, status: RolloutStatus) -> None:
+        self._status[rollout_id] = status
+        self._notify_completion()
+        for listener in self._ended_listeners:
+            listener(rollout_id)
 
     @staticmethod
     def _transition(repo: Repo, rollout_id: str, status: RolloutStatus, message: str | None) -> Rollout:
@@ -443,9 +453,12 @@ class Store:
         """Commit a captured LLM call; an attributed one also gets an `llm_call` event in its rollout's sequence."""
 
         def op(repo: Repo) -> None:
+            rollout = repo.get_rollout(call.rollout_id) if call.rollout_id is not None else None
+            # A call still in flight when its rollout ended: its record is kept, out of the finished trajectory.
+            call.late = rollout is not None and rollout.status.terminal
             repo.add_call(call)
-            if call.rollout_id is not None and repo.get_rollout(call.rollout_id) is not None:
-                seq = repo.last_event_seq(call.rollout_id) + 1
+            if rollout is not None and not call.late:
+                seq = repo.last_event_seq(rollout.id) + 1
                 summary = {
                     "call_id": call.id,
                     "outcome": call.outcome.value,
@@ -455,7 +468,7 @@ class Store:
                 }
                 repo.add_event(
                     Event(
-                        call.rollout_id,
+                        rollout.id,
                         seq,
                         LLM_CALL_KIND,
                         summary,

@@ -85,7 +85,8 @@ class CallOutcome(StrEnum):
     REJECTED = "rejected"
     """The gateway answered itself (unknown model, budget, pause) and never called upstream."""
     ABORTED = "aborted"
-    """The gateway shut down before the end; the upstream was closed."""
+    """The gateway cut the call before its end (it shut down, or the call's rollout ended); the upstream was
+    closed."""
 
 
 @dataclass(slots=True)
@@ -302,6 +303,9 @@ class LLMCall:
     t_start: float = 0.0
     t_first_byte: float | None = None
     t_end: float | None = None
+    late: bool = False
+    """Committed after its rollout had ended (cancelled or finished while the call was in flight): kept, since the
+    upstream was reached, but no part of the rollout's trajectory (no `llm_call` event, no triplet)."""
 
     def to_json(self, *, with_request: bool = True, with_ids: bool = True) -> dict[str, Any]:
         """The record as JSON-able data; `with_ids=False` leaves out token ids and logprobs (stored packed)."""
@@ -329,6 +333,7 @@ class LLMCall:
             "t_start": self.t_start,
             "t_first_byte": self.t_first_byte,
             "t_end": self.t_end,
+            "late": self.late,
         }
         if with_ids:
             out["prompt_token_ids"] = (

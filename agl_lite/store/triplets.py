@@ -195,7 +195,8 @@ class RolloutTriplets:
     """The attempts whose calls were considered."""
     triplets: list[Triplet]
     skipped: dict[str, int] = field(default_factory=dict)
-    """Calls left out, by reason: `not_ok` (outcome), `incomplete` (ids missing or short)."""
+    """Calls left out, by reason: `late` (committed after the rollout ended), `not_ok` (outcome), `incomplete` (ids
+    missing or short)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -333,6 +334,8 @@ def _usable_logprobs(choice: ChoiceRecord) -> array[float] | None:
 
 def _eligible(call: LLMCall) -> str | None:
     """Why a call is left out (None: it is trained on)."""
+    if call.late:
+        return "late"
     if call.outcome is not CallOutcome.OK:
         return "not_ok"
     if call.complete is False or not call.prompt_token_ids or not call.choices:

@@ -9,8 +9,9 @@ import pytest
 from agl_lite.client import AglLiteClient, BadRequestError, NotFoundError, SyncAglLiteClient
 from agl_lite.core.server import Gateway
 from agl_lite.store.base import EventSpec
+from agl_lite.store.records import RolloutStatus
 from agl_lite.store.triplets import RewardPolicy, TripletOptions
-from tests.client.conftest import BackgroundGateway, finished, make_call, store_of
+from tests.client.conftest import BackgroundGateway, make_call, running, store_of
 from tests.conftest import ADMIN_KEY, gateway_url
 
 IDS = [f"r{i}" for i in range(12)]
@@ -18,11 +19,13 @@ IDS = [f"r{i}" for i in range(12)]
 
 async def fill(gateway: Gateway, ids: list[str] = IDS) -> None:
     store = store_of(gateway)
-    await finished(store, *ids)
-    for k, rid in enumerate(ids):
+    await running(store, *ids)
+    for k, rid in enumerate(ids):  # while the rollouts run: calls committed after their end are late
         await store.add_call(make_call(rid, None, 1, [1, 2, 3], [[10 + k]]))
         await store.add_call(make_call(rid, None, 2, [1, 2, 3, 10 + k, 4], [[20 + k], [30 + k]]))
         await store.add_events(rid, [EventSpec("reward", {"value": float(k)})])
+    for rid in ids:
+        await store.finish(rid, RolloutStatus.SUCCEEDED)
 
 
 async def test_one_rollouts_triplets(gateway: Gateway, client: AglLiteClient) -> None:
@@ -105,9 +108,10 @@ async def test_the_client_refuses_nothing_the_server_would_take(
 
 def test_the_sync_twin_pages_too(background_gateway: BackgroundGateway) -> None:
     async def setup() -> None:
-        await finished(background_gateway.store, "s1", "s2")
+        await running(background_gateway.store, "s1", "s2")
         for rid in ("s1", "s2"):
             await background_gateway.store.add_call(make_call(rid, None, 1, [1], [[2]]))
+            await background_gateway.store.finish(rid, RolloutStatus.SUCCEEDED)
 
     background_gateway.run(setup())
     with SyncAglLiteClient(background_gateway.url, ADMIN_KEY) as client:
