@@ -85,6 +85,8 @@ class _OrderClock:
 
 
 _clock = _OrderClock()
+_REFUSALS = frozenset({429, 503})
+"""Statuses of the gateway's own refusals that leave no record."""
 _NOTHING = Strip()
 
 
@@ -234,6 +236,11 @@ class Capture:
     def _record(self, flow: Flow) -> None:
         md = flow.metadata
         if "capture.record" in md or "auth.role" not in md:
+            return
+        resp = flow.response
+        if flow.upstream is None and resp is not None and not resp.from_upstream and resp.status in _REFUSALS:
+            # Refused for load or budget before any upstream (busy, paused, out of tokens): counted by the
+            # metrics, not stored one by one, or an agent retrying in a loop floods its rollout.
             return
         call: _Call | None = md.get("capture.state")
         if call is None:

@@ -2,7 +2,8 @@
 
 Counts come from the upstream's `usage` on each captured call (`capture.record`), or from the ids received when a
 stream was cut before its usage arrived. A rollout whose `config.token_budget` is spent gets 429 before the
-upstream is called. Totals of a rollout are read back from the store on first sight, so a restart keeps them.
+upstream is called. A rollout's total is the store's (`Store.tokens_used`: one indexed read on first sight, then
+kept by the store's own writes), so a restart keeps it and no call pays for the rollout's history.
 """
 
 from __future__ import annotations
@@ -23,18 +24,14 @@ __all__ = ["Tokens", "call_tokens"]
 
 def call_tokens(call: LLMCall) -> tuple[int, int]:
     """(prompt, completion) tokens of a captured call: its usage, else the ids it received."""
-    usage = call.usage or {}
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if isinstance(prompt, int) and isinstance(completion, int):
-        return prompt, completion
-    return len(call.prompt_token_ids or ()), sum(len(c.token_ids) for c in call.choices)
+    return call.tokens()
 
 
 class Tokens:
     @dataclass(frozen=True, slots=True)
     class Options:
         max_rollouts: int = option(
-            100_000, "Rollouts whose totals are kept in memory (least recent dropped)."
+            100_000, "Rollouts whose token budgets are kept in memory (least recent dropped)."
         )
 
     def __init__(self) -> None:
@@ -42,7 +39,6 @@ class Tokens:
         """(model, kind) → tokens, kind `prompt` or `completion`."""
         self.by_role: Counter[str] = Counter()
         """Key role (admin, agent) → tokens."""
-        self._rollouts: dict[str, int] = {}
         self._budgets: dict[str, int | None] = {}
         self.store: Store | None = None
 
@@ -54,18 +50,8 @@ class Tokens:
         self.store = self._ctx.services.get(STORE)
 
     async def used(self, rollout_id: str) -> int:
-        """Tokens a rollout's calls used so far (read from the store the first time, then kept up to date)."""
-        if rollout_id not in self._rollouts:
-            total = 0
-            if self.store is not None:
-                after = -1
-                while calls := await self.store.calls(rollout_id, after_order_key=after, limit=1000):
-                    total += sum(sum(call_tokens(c)) for c in calls)
-                    after = calls[-1].order_key
-            if len(self._rollouts) >= self.options.max_rollouts:
-                self._rollouts.pop(next(iter(self._rollouts)))
-            self._rollouts[rollout_id] = total
-        return self._rollouts[rollout_id]
+        """Tokens a rollout's calls used so far (the store keeps the total: one read per rollout, then none)."""
+        return await self.store.tokens_used(rollout_id) if self.store is not None else 0
 
     async def request(self, flow: Flow) -> None:
         rollout_id = flow.metadata.get("auth.rollout_id")
@@ -79,19 +65,12 @@ class Tokens:
         if budget is not None and await self.used(rollout_id) >= budget:
             raise TooManyRequests(f"rollout {rollout_id!r} has used its token budget of {budget}")
 
-    async def flow_done(self, flow: Flow) -> None:
+    def flow_done(self, flow: Flow) -> None:
         call = flow.metadata.get("capture.record")
         if not isinstance(call, LLMCall):
             return
-        prompt, completion = call_tokens(call)
+        prompt, completion = call.tokens()
         model = call.model or "unknown"
         self.by_model[(model, "prompt")] += prompt
         self.by_model[(model, "completion")] += completion
         self.by_role[str(flow.metadata.get("auth.role", "unknown"))] += prompt + completion
-        if call.rollout_id is not None:
-            if call.rollout_id in self._rollouts:
-                self._rollouts[call.rollout_id] += prompt + completion
-            else:
-                await self.used(
-                    call.rollout_id
-                )  # read from the store, where the sink already committed this call

@@ -88,6 +88,7 @@ class Repo(Protocol):
     def add_event(self, event: Event) -> None: ...
     def events(self, rollout_id: str, kind: str | None, after_seq: int, limit: int) -> list[Event]: ...
     def add_call(self, call: LLMCall) -> None: ...
+    def rollout_tokens(self, rollout_id: str) -> int: ...
     def calls(
         self, rollout_id: str | None, attempt_id: str | None, after_order_key: int, limit: int
     ) -> list[LLMCall]: ...
@@ -118,6 +119,8 @@ class Store:
 
     max_batch = 1000
     """Largest number of rollouts or events in one call."""
+    max_cached_rollouts = 100_000
+    """Rollouts whose token totals are kept in memory (the oldest are read again when needed)."""
 
     def __init__(self) -> None:
         self._completed = asyncio.Event()  # replaced after each set: waiters hold the one they saw
@@ -130,6 +133,8 @@ class Store:
         self._seen_attempts: set[tuple[str, str]] = set()
         self._model_listeners: list[Callable[[ModelRecord], None]] = []
         self._ended_listeners: list[Callable[[str], None]] = []
+        self._tokens: dict[str, int] = {}  # tokens per rollout, read once, then kept up to date by `add_call`
+        self._tokens_reads: dict[str, asyncio.Future[int]] = {}  # first reads in progress, shared
 
     # --- what a backend provides ---------------------------------------------------------------------------------
 
@@ -479,6 +484,31 @@ class Store:
                 )
 
         await self._write(op)
+        if call.rollout_id is not None and call.rollout_id in self._tokens:
+            self._tokens[call.rollout_id] += sum(call.tokens())
+
+    async def tokens_used(self, rollout_id: str) -> int:
+        """Tokens the rollout's calls used so far: one indexed read the first time (shared by concurrent callers),
+        then kept up to date by this store's own writes, so that no call pays for a rollout's history."""
+        known = self._tokens.get(rollout_id)
+        if known is not None:
+            return known
+        pending = self._tokens_reads.get(rollout_id)
+        if pending is None:
+            pending = self._tokens_reads[rollout_id] = asyncio.ensure_future(self._read_tokens(rollout_id))
+        return await asyncio.shield(pending)
+
+    async def _read_tokens(self, rollout_id: str) -> int:
+        try:
+            # On the writer, in commit order: a call committed before is in `total`, one committed after finds the
+            # total known when it returns and adds itself (`add_call`), so none is counted twice or missed.
+            total = await self._write(lambda repo: repo.rollout_tokens(rollout_id))
+            if len(self._tokens) >= self.max_cached_rollouts:
+                self._tokens.pop(next(iter(self._tokens)))
+            self._tokens[rollout_id] = total
+            return total
+        finally:
+            self._tokens_reads.pop(rollout_id, None)
 
     async def calls(
         self,

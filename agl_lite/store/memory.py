@@ -105,6 +105,9 @@ class MemoryRepo:
     def add_call(self, call: LLMCall) -> None:
         self._calls.append(copy.deepcopy(call))
 
+    def rollout_tokens(self, rollout_id: str) -> int:
+        return sum(sum(c.tokens()) for c in self._calls if c.rollout_id == rollout_id)
+
     def calls(
         self, rollout_id: str | None, attempt_id: str | None, after_order_key: int, limit: int
     ) -> list[LLMCall]:

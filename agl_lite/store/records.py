@@ -307,6 +307,15 @@ class LLMCall:
     """Committed after its rollout had ended (cancelled or finished while the call was in flight): kept, since the
     upstream was reached, but no part of the rollout's trajectory (no `llm_call` event, no triplet)."""
 
+    def tokens(self) -> tuple[int, int]:
+        """(prompt, completion) tokens: the upstream's usage, else the ids received (a stream cut before its usage
+        arrived)."""
+        usage = self.usage or {}
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if type(prompt) is int and type(completion) is int:
+            return prompt, completion
+        return len(self.prompt_token_ids or ()), sum(len(c.token_ids) for c in self.choices)
+
     def to_json(self, *, with_request: bool = True, with_ids: bool = True) -> dict[str, Any]:
         """The record as JSON-able data; `with_ids=False` leaves out token ids and logprobs (stored packed)."""
         out: dict[str, Any] = {

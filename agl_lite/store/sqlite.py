@@ -86,6 +86,11 @@ MIGRATIONS: list[str] = [
         choice_ids BLOB NOT NULL, logprobs BLOB, body BLOB NOT NULL
     );
     """,
+    # v3: each call's tokens (usage, else the ids received) in a column, so that a rollout's total is one indexed
+    # sum, not a decode of every call it made (`_migrate_v3` fills it for the calls already there).
+    """
+    ALTER TABLE calls ADD COLUMN tokens INTEGER NOT NULL DEFAULT 0;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -166,6 +171,26 @@ def _migrate_v2(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+_CALL_COLUMNS = (
+    "id, rollout_id, attempt_id, order_key, prompt_parent, prompt_shared, prompt_tail, choice_meta, choice_ids,"
+    " logprobs, body"
+)
+_INSERT_CALL = f"INSERT INTO calls ({_CALL_COLUMNS}, tokens) VALUES ({', '.join('?' * 12)})"
+_INSERT_CALL_V2 = f"INSERT INTO calls_v2 ({_CALL_COLUMNS}) VALUES ({', '.join('?' * 11)})"
+
+
+def _migrate_v3(conn: sqlite3.Connection) -> None:
+    """Fill the new `tokens` column from each stored call (once; a page at a time)."""
+    repo = SQLiteRepo(conn)
+    for (rollout_id,) in conn.execute("SELECT DISTINCT rollout_id FROM calls").fetchall():
+        after = -1
+        while page := repo.calls(rollout_id, None, after, 500):
+            conn.executemany(
+                "UPDATE calls SET tokens = ? WHERE id = ?", [(sum(c.tokens()), c.id) for c in page]
+            )
+            after = page[-1].order_key
+
+
 class SQLiteRepo:
     """Row access on one connection. The writer's instance also maintains the prefix index."""
 
@@ -175,6 +200,7 @@ class SQLiteRepo:
         self.conn = conn
         self.index = index
         self.calls_table = calls_table
+        self._tokens_column = calls_table == "calls"  # (v2's migration table predates it)
         self._pending: list[tuple[str, int, array[int]]] = []  # index entries of the running operation
 
     # --- operation boundaries (writer only) ----------------------------------------------------------------------
@@ -298,10 +324,7 @@ class SQLiteRepo:
                     lps = array("f")
                 lps.extend(choice.logprobs)
         cur = self.conn.execute(
-            "INSERT INTO "
-            + self.calls_table
-            + " (id, rollout_id, attempt_id, order_key, prompt_parent, prompt_shared,"
-            " prompt_tail, choice_meta, choice_ids, logprobs, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            _INSERT_CALL if self._tokens_column else _INSERT_CALL_V2,
             (
                 call.id,
                 call.rollout_id,
@@ -314,6 +337,7 @@ class SQLiteRepo:
                 pack(ids),
                 lps.tobytes() if lps is not None else None,
                 _dump(codec.call_to_json(call)),
+                *((sum(call.tokens()),) if self._tokens_column else ()),
             ),
         )
         if scope is not None and prompt is not None:
@@ -324,6 +348,13 @@ class SQLiteRepo:
                 full = array("I", prompt)  # a later prompt of this attempt may extend prompt + completion
                 full.extend(choice.token_ids)
                 pending.append((scope, base + slot, full))
+
+    def rollout_tokens(self, rollout_id: str) -> int:
+        row = self.conn.execute(
+            "SELECT COALESCE(SUM(tokens), 0) FROM " + self.calls_table + " WHERE rollout_id = ?",
+            (rollout_id,),
+        ).fetchone()
+        return int(row[0])
 
     def _load_seq(self, ref: int) -> SeqRow:
         """The stored form of a sequence: its parent, the length shared with it, and its own tail."""
@@ -439,6 +470,11 @@ _Job = list[_Item] | str | None
 
 CHECKPOINT_EVERY = 256
 """Commits of the writer on the loop between two WAL checkpoints (about what SQLite's own 1000-page default gives)."""
+TRUNCATE_WAIT_S = 0.5
+"""How long a WAL truncation waits for reads in flight (writes queue meanwhile) before it gives up until the next."""
+WAL_LIMIT = 64 * 1024 * 1024
+"""WAL bytes past which a checkpoint waits for the readers and truncates it. A passive checkpoint never waits, and
+with reads always in flight the WAL never restarts: it grew to 2.1 GB beside a 0.5 GB database under load."""
 LOCK_WAIT_S = 10.0
 """How long the writer thread waits for a database locked by another process before it fails the writes (503)."""
 
@@ -520,6 +556,8 @@ class SQLiteStore(Store):
         self._writer: threading.Thread | None = None
         self._local = threading.local()
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agl-sqlite-read")
+        self._reader_conns: list[sqlite3.Connection] = []  # closed with the store, so that its WAL goes too
+        self._read_gate = threading.Lock()
         self._index = PrefixIndex()
         self._repo: SQLiteRepo  # the writer's, on the writer connection (`open`)
         self.commits = 0
@@ -555,6 +593,8 @@ class SQLiteStore(Store):
                         conn.execute(statement)
                 if target == 2:
                     _migrate_v2(conn)
+                if target == 3:
+                    _migrate_v3(conn)
                 conn.execute(f"PRAGMA user_version = {target}")
                 conn.execute("COMMIT")
             except BaseException:
@@ -562,8 +602,10 @@ class SQLiteStore(Store):
                 raise
             log.info("store schema migrated", path=self.path, version=target)
         if self._inline:
-            # Checkpoints run on the writer thread, off the loop (see `_maybe_checkpoint`).
+            # Checkpoints run on the writer thread, off the loop (see `_flush`).
             self._conn.execute("PRAGMA wal_autocheckpoint = 0")
+        # A WAL that a checkpoint restarted is cut back to this size, not kept at its largest.
+        self._conn.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT}")
 
     @property
     def queue_depth(self) -> int:
@@ -622,7 +664,9 @@ class SQLiteStore(Store):
         repo = getattr(self._local, "repo", None)
         if repo is None:
             repo = self._local.repo = SQLiteRepo(_connect(self.path, self.synchronous))
-        repo.conn.execute("BEGIN")
+            self._reader_conns.append(repo.conn)
+        with self._read_gate:  # (held by a WAL truncation only, for as long as the reads in flight take)
+            repo.conn.execute("BEGIN")
         try:
             return fn(repo)
         finally:
@@ -631,6 +675,7 @@ class SQLiteStore(Store):
     def _write_loop(self) -> None:
         checkpointer: sqlite3.Connection | None = None
         stop = False
+        thread_commits = 0
         while not stop:
             job = self._queue.get()
             if job is None:
@@ -640,6 +685,8 @@ class SQLiteStore(Store):
                     checkpointer = _connect(self.path, self.synchronous)
                 try:
                     checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    if _wal_bytes(self.path) > WAL_LIMIT:
+                        self._truncate_wal(checkpointer)
                 except sqlite3.Error as exc:
                     log.warning("WAL checkpoint failed", error=repr(exc))
                 self._checkpoints_done += 1
@@ -660,9 +707,26 @@ class SQLiteStore(Store):
                 handed += 1
             with self._lock:
                 self._commit_batch(batch, wait=True)
+                if not self._inline:  # (FULL: every commit is the thread's, and so are the checkpoints)
+                    thread_commits += 1
+                    if thread_commits % CHECKPOINT_EVERY == 0 and _wal_bytes(self.path) > WAL_LIMIT:
+                        self._truncate_wal(self._conn)
             self._thread_done += handed
         if checkpointer is not None:
             checkpointer.close()
+
+    def _truncate_wal(self, conn: sqlite3.Connection) -> None:
+        """Checkpoint the whole WAL and cut it to nothing. That needs a moment when no read holds an older
+        snapshot: this store's own reads wait at the gate meanwhile (those in flight finish), and another
+        process's reads get `TRUNCATE_WAIT_S` before the next try."""
+        with self._read_gate:
+            conn.execute(f"PRAGMA busy_timeout = {int(TRUNCATE_WAIT_S * 1000)}")
+            try:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            except sqlite3.Error as exc:
+                log.warning("WAL checkpoint failed", error=repr(exc))
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {0 if conn is self._conn else 10000}")
 
     def _commit_batch(self, batch: list[_Item], *, wait: bool) -> bool:
         """Run a batch in one transaction and settle its futures; False if the database was locked and `wait` is
@@ -761,13 +825,22 @@ class SQLiteStore(Store):
         return results, added
 
     async def close(self) -> None:
+        """Commit what is pending, then close every connection: the last one checkpoints and removes the WAL (a
+        clean exit leaves the database file alone, and the next start has no log to replay)."""
+        self._readers.shutdown(wait=True)
+        for conn in self._reader_conns:
+            conn.close()
+        self._reader_conns.clear()
         if self._writer is not None:
             self._flush()  # writes of this loop iteration not committed yet go first
             self._queue.put(None)
             await asyncio.to_thread(self._writer.join)
             self._writer = None
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                log.warning("final WAL checkpoint failed", error=repr(exc))
             self._conn.close()
-        self._readers.shutdown(wait=True)
 
     def token_bytes(self) -> int:
         repo = SQLiteRepo(_connect(self.path, self.synchronous))
@@ -775,6 +848,13 @@ class SQLiteStore(Store):
             return repo.token_bytes()
         finally:
             repo.conn.close()
+
+
+def _wal_bytes(path: str) -> int:
+    try:
+        return Path(path + "-wal").stat().st_size
+    except OSError:
+        return 0
 
 
 def _settle_all(settled: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:

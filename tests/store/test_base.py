@@ -9,6 +9,7 @@ import pytest
 
 from agl_lite.errors import BadRequest, Conflict, Forbidden, NotFound
 from agl_lite.store.base import EventSpec, RolloutFilter, RolloutSpec, Store
+from agl_lite.store.memory import MemoryRepo
 from agl_lite.store.records import (
     AttemptStatus,
     CallOutcome,
@@ -17,6 +18,7 @@ from agl_lite.store.records import (
     RolloutConfig,
     RolloutStatus,
 )
+from agl_lite.store.sqlite import SQLiteRepo, SQLiteStore
 
 
 async def running_rollout(store: Store, rid: str = "r1", **config: object) -> None:
@@ -299,3 +301,28 @@ async def test_agent_gate_refuses_an_attempt_that_ended(store: Store) -> None:
     await store.update_attempt("r1", "pod-1", AttemptStatus.FAILED, exit_code=1)
     with pytest.raises(Forbidden, match="failed"):
         await store.agent_gate("r1", "pod-1")
+
+
+async def test_a_rollouts_token_total_is_read_once_however_many_ask_and_then_kept_by_the_writes(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue #15: the tokens addon read a rollout's whole call history on first sight, once per concurrent call
+    # (p99 of 3-5 s at c=32). Now one read, shared, and never again for that rollout.
+    await running_rollout(store)
+    for i in range(50):
+        await store.add_call(call("r1", i, [1, 2, 3], [[4, 5]]))
+    reads = 0
+    target = SQLiteRepo if isinstance(store, SQLiteStore) else MemoryRepo
+    original = target.rollout_tokens
+
+    def counting(self: object, rollout_id: str) -> int:
+        nonlocal reads
+        reads += 1
+        return original(self, rollout_id)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(target, "rollout_tokens", counting)
+    totals = await asyncio.gather(*(store.tokens_used("r1") for _ in range(32)))
+    assert totals == [50 * (3 + 2)] * 32
+    await store.add_call(call("r1", 99, [1, 2, 3, 4, 5, 6], [[7]]))
+    assert await store.tokens_used("r1") == 50 * 5 + 7
+    assert reads == 1

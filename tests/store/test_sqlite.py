@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import random
 import sqlite3
 import subprocess
@@ -14,6 +16,7 @@ import orjson
 import pytest
 
 from agl_lite.errors import ConfigError, Conflict
+from agl_lite.store import sqlite as sqlite_module
 from agl_lite.store.base import EventSpec, RolloutSpec
 from agl_lite.store.records import CallOutcome, ChoiceRecord, LLMCall, RolloutStatus
 from agl_lite.store.sqlite import SCHEMA_VERSION, SQLiteStore
@@ -218,12 +221,13 @@ async def test_a_v1_store_is_migrated_with_its_calls(tmp_path: Path) -> None:
     store = await SQLiteStore.open(db)
     try:
         assert await store.calls("r") == calls
+        assert await store.tokens_used("r") == sum(sum(c.tokens()) for c in calls) > 0  # v3 filled them in
         await store.add_call(turn_call(3, [*prompt2, *completion2, 9], [6]))
         assert (await store.calls("r"))[2].prompt_token_ids == array("I", [*prompt2, *completion2, 9])
     finally:
         await store.close()
     conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert not tables & {"token_seqs", "call_choices", "calls_v2"}
     conn.close()
@@ -250,3 +254,37 @@ async def test_a_batch_that_finds_the_database_locked_waits_on_the_writer_thread
         assert [e.data for e in await store.events("r")] == [1, 2]
     finally:
         await store.close()
+
+
+async def test_the_wal_stays_bounded_under_overlapping_reads_and_goes_on_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue #15: with reads always in flight, passive checkpoints never let the WAL restart: 2.1 GB of WAL beside a
+    # 0.5 GB database after 8.5 minutes, and left behind on a clean exit.
+    monkeypatch.setattr(sqlite_module, "WAL_LIMIT", 256 * 1024)
+    monkeypatch.setattr(sqlite_module, "CHECKPOINT_EVERY", 8)
+    db = tmp_path / "s.db"
+    wal = tmp_path / "s.db-wal"
+    store = await SQLiteStore.open(db, readers=4)
+    writing = True
+
+    async def read_on() -> None:
+        while writing:  # bounded: the writes below end it
+            await store.events("r", limit=50)
+
+    try:
+        await store.enqueue([RolloutSpec(input=0, id="r")])
+        reads = [asyncio.ensure_future(read_on()) for _ in range(8)]  # more reads than threads: they overlap
+        sizes = []
+        for _ in range(600):
+            await store.add_events("r", [EventSpec("note", os.urandom(2048).hex())])
+            sizes.append(wal.stat().st_size)
+        writing = False
+        await asyncio.gather(*reads)
+        # A WAL file only shrinks when a checkpoint truncates it: without one it grew all along (10 MB here).
+        truncations = sum(1 for a, b in itertools.pairwise(sizes) if b < a)
+        assert truncations >= 2, sizes[::20]
+    finally:
+        writing = False
+        await store.close()
+    assert not wal.exists() or wal.stat().st_size == 0
