@@ -87,6 +87,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "it, the default SQLite store in the temp dir (e.g. the full capture chain "
         "store,auth,store_api,control,metrics,route,capture,tokens,sink).",
     )
+    p.add_argument(
+        "--agent-path",
+        action="store_true",
+        help="Send agl-lite's calls on the agent path (/r/{rollout}/a/{attempt}/v1, the agent key) as agents do, "
+        "not as unattributed admin calls; needs store and store_api in the chain.",
+    )
     return p.parse_args(argv)
 
 
@@ -108,7 +114,7 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
         targets = [
             direct,
             start_relay(children, base, cpus.server),
-            start_agl_lite(children, base, tmp, cpus.server, chain),
+            start_agl_lite(children, base, tmp, cpus.server, chain, agent_path=args.agent_path),
         ]
         litellm = start_litellm(children, base, tmp, cpus.server)
         if litellm is not None:
@@ -135,6 +141,7 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
         setup = (
             f"{seconds:g} s per cell in {rounds} interleaved round(s); hey -cpus 1; {cpus.describe()}; "
             f"upstream stream in {args.stream_writes} writes; agl-lite chain {', '.join(chain)}"
+            + ("; agl-lite called on the agent path with the agent key" if args.agent_path else "")
         )
         notes = [
             f"{info['nproc']} CPUs: absolute figures are low and noisy on such a box; compare within this run only "

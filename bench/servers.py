@@ -93,14 +93,23 @@ def agl_lite_argv() -> list[str]:
 DEFAULT_CHAIN = ("auth", "route")
 
 
+AGENT_ROLLOUT = "bench-rollout"
+
+
 def start_agl_lite(
     children: Children,
     upstream_base: str,
     tmp: Path,
     cpus: frozenset[int] | None,
     chain: Sequence[str] = DEFAULT_CHAIN,
+    *,
+    agent_path: bool = False,
 ) -> Target:
-    """agl-lite with `chain`; with `store` in it, the default SQLite store (and durability) in `tmp`."""
+    """agl-lite with `chain`; with `store` in it, the default SQLite store (and durability) in `tmp`.
+
+    `agent_path`: the calls go where every agent sends them, `/r/{rollout}/a/{attempt}/v1` with the rollout's
+    agent key (a running rollout is made first): attributed, gated on the rollout, each with an `llm_call` event.
+    """
     port = free_port()
     key = os.environ.get("AGL_KEY") or secrets.token_hex(32)
     if len(key) < 16:
@@ -121,12 +130,36 @@ def start_agl_lite(
         env={"AGL_KEY": key},
     )
     children.wait_ready("agl-lite", f"http://127.0.0.1:{port}/healthz", 30)
+    base = f"http://127.0.0.1:{port}"
+    if not agent_path:
+        return Target(
+            "agl-lite", base + "/v1/chat/completions", {"Authorization": f"Bearer {key}"}, pid=children.pid("agl-lite")
+        )
+    if "store" not in chain:
+        raise BenchError("--agent-path needs `store` (and `store_api`) in the chain: the calls go to a rollout")
+    rollout = {"rollouts": [{"input": "bench", "rollout_id": AGENT_ROLLOUT}]}
+    _admin_post(base + "/api/rollouts", key, rollout)
+    _admin_post(base + "/api/runner/claim", key, {"runner_id": "bench", "limit": 1})
+    from agl_lite.core.keys import derive_key  # (the bench runs in agl-lite's venv)
+
     return Target(
         "agl-lite",
-        f"http://127.0.0.1:{port}/v1/chat/completions",
-        {"Authorization": f"Bearer {key}"},
+        f"{base}/r/{AGENT_ROLLOUT}/a/bench-attempt/v1/chat/completions",
+        {"Authorization": f"Bearer {derive_key(key, AGENT_ROLLOUT)}"},
         pid=children.pid("agl-lite"),
     )
+
+
+def _admin_post(url: str, key: str, body: object) -> None:
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:  # loopback only
+        if resp.status >= 300:
+            raise BenchError(f"POST {url}: {resp.status}")
 
 
 def litellm_argv() -> list[str] | None:

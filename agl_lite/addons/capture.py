@@ -252,9 +252,8 @@ class Capture:
         try:
             record = _build(flow, call)
         except Exception as exc:  # a malformed upstream body must still leave its one record
-            log.error(
-                "capture failed to assemble a record", path=flow.request.path, error=repr(exc), exc_info=exc
-            )
+            # The upstream's bytes, not a bug of ours: one line, no traceback (the record says what went wrong).
+            log.warning("capture could not assemble a record", path=flow.request.path, error=repr(exc))
             record = _bare(flow, call, CallOutcome.UPSTREAM_ERROR, f"capture could not assemble: {exc!r}")
         apply_client_view(record, md.get(CLIENT_VIEW))
         md["capture.record"] = record

@@ -25,6 +25,7 @@ from typing import Any
 from yarl import URL
 
 from agl_lite.core.config import GatewayConfig, load_toml, option, parse_dataclass
+from agl_lite.core.endpoints import endpoint_problem
 from agl_lite.core.flow import Flow, UpstreamTarget, json_response
 from agl_lite.core.routes import RouteKind, model_api_routes
 from agl_lite.core.services import LoadContext
@@ -81,11 +82,11 @@ def load_routes(path: str) -> RoutesFile:
         if not model.upstreams:
             raise ConfigError(f"{path}: models.{name}.upstreams is empty; give at least one upstream")
         for i, up in enumerate(model.upstreams):
-            url = URL(up.base_url)
-            if url.scheme not in ("http", "https") or not url.host:
+            problem = endpoint_problem(up.base_url)
+            if problem is not None:
+                shown = up.base_url if "@" not in up.base_url else "(not shown: it holds credentials)"
                 raise ConfigError(
-                    f"{path}: models.{name}.upstreams[{i}].base_url must be an http(s) URL, "
-                    f"got {up.base_url!r}"
+                    f"{path}: models.{name}.upstreams[{i}].base_url must be an http(s) URL, but {problem}: {shown}"
                 )
         for public in (name, *model.aliases):
             if public in seen:

@@ -6,6 +6,7 @@ Answers by setting `flow.response`; validates every payload (pydantic) before th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
@@ -124,12 +125,19 @@ def _check_query(flow: Flow) -> None:
         raise BadRequest(f"unknown query parameter(s) {unknown}; known: {sorted(allowed) or 'none'}")
 
 
+_INTEGER = re.compile(r"-?[0-9]{1,20}", re.ASCII)
+_NUMBER = re.compile(r"-?[0-9]{1,20}(?:\.[0-9]{1,20})?", re.ASCII)
+
+
 def _number(q: dict[str, str], name: str, default: N, lo: N, hi: N, kind: Callable[[str], N]) -> N:
     """A query parameter as `kind` (int or float) within [lo, hi]; 400 naming it otherwise."""
     raw = q.get(name)
     if raw is None:
         return default
     try:
+        # Plain ASCII digits only: int() and float() also take "1_000", "+5", " 5" and non-ASCII digits.
+        if not (_INTEGER if kind is int else _NUMBER).fullmatch(raw):
+            raise ValueError(raw)
         value = kind(raw)
     except ValueError:
         raise BadRequest(

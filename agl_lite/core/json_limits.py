@@ -16,7 +16,7 @@ import orjson
 
 from agl_lite.errors import BadRequest
 
-__all__ = ["MAX_JSON_DEPTH", "check_json_depth", "loads"]
+__all__ = ["MAX_JSON_DEPTH", "check_json_depth", "loads", "loads_storable"]
 
 MAX_JSON_DEPTH = 128
 """Most nested arrays/objects a request body may hold (the store wraps bodies in a few levels of its own)."""
@@ -52,6 +52,37 @@ def loads(body: bytes) -> Any:
         raise BadRequest(f"request body nests deeper than {MAX_JSON_DEPTH} levels") from None
     check_json_depth(obj, body)
     return obj
+
+
+def loads_storable(body: bytes) -> Any:
+    """The body parsed for the store (which serialises with orjson): an integer past 64 bits, which orjson would
+    have read as a float and stored changed, is a 400 instead."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if body.translate(_DIGITS).find(_RISKY_RUN) >= 0:  # (rare: a 19-digit run, in a string or a number)
+        try:
+            json.loads(body, parse_int=_int64)
+        except _TooBig as exc:
+            raise BadRequest(
+                f"integer {exc.args[0][:40]}... does not fit 64 bits; send it as a string"
+            ) from None
+        except (ValueError, RecursionError):
+            pass  # orjson read it: the bound below and its own checks decide
+    check_json_depth(obj, body)
+    return obj
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _int64(digits: str) -> int:
+    value = int(digits)
+    if not -(2**63) <= value < 2**64:
+        raise _TooBig(digits)
+    return value
 
 
 def check_json_depth(obj: Any, body: bytes, limit: int = MAX_JSON_DEPTH) -> None:

@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from types import MappingProxyType
 
 from agl_lite.errors import ConfigError, MethodNotAllowed, NotFound
 
@@ -87,6 +88,10 @@ def model_api_routes(
     )
 
 
+_SEEN_PATHS = 4096
+"""Dynamic paths whose match is remembered (agents reuse theirs for every call)."""
+
+
 class RouteTable:
     """Matches (method, path) to a route: a dict for static paths, compiled patterns for the rest."""
 
@@ -94,6 +99,7 @@ class RouteTable:
         self.routes: tuple[HttpRoute, ...] = tuple(routes)
         self._static: dict[str, dict[str, HttpRoute]] = {}
         self._dynamic: list[tuple[re.Pattern[str], dict[str, HttpRoute]]] = []
+        self._seen: dict[str, tuple[dict[str, HttpRoute], Mapping[str, str]]] = {}
         patterns: dict[str, dict[str, HttpRoute]] = {}
         for route in self.routes:
             methods = self._static if "{" not in route.path else patterns
@@ -116,13 +122,23 @@ class RouteTable:
         by_method = self._static.get(path)
         params: Mapping[str, str] = {}
         if by_method is None:
-            for regex, candidates in self._dynamic:
-                m = regex.fullmatch(path)  # not `match` with `$`: that takes a path with a trailing newline
-                if m is not None:
-                    by_method, params = candidates, m.groupdict()
-                    break
+            hit = self._seen.get(path)
+            if hit is not None:
+                by_method, params = hit
             else:
-                raise NotFound(f"no route for {path}")
+                for regex, candidates in self._dynamic:
+                    m = regex.fullmatch(
+                        path
+                    )  # not `match` with `$`: that takes a path with a trailing newline
+                    if m is not None:
+                        by_method, params = candidates, MappingProxyType(m.groupdict())
+                        break
+                else:
+                    raise NotFound(f"no route for {path}")
+                # An agent sends all its calls to one path: the regexes run once per path, not per call.
+                if len(self._seen) >= _SEEN_PATHS:
+                    self._seen.clear()  # (paths are the client's: bounded, and only those that matched)
+                self._seen[path] = (by_method, params)
         route = by_method.get(method)
         if route is None and method == "HEAD":
             route = by_method.get("GET")

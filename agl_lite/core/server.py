@@ -146,7 +146,7 @@ class Gateway:
             request=Request(
                 request.method,
                 request.path,
-                request.query_string,
+                request.rel_url.raw_query_string,  # as sent: forwarded upstream byte for byte
                 CIMultiDict(request.headers),
                 b"",
                 match.params,

@@ -9,7 +9,8 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
-from agl_lite.core.json_limits import check_json_depth
+from agl_lite.core.endpoints import ENDPOINT_PATTERN, endpoint_problem
+from agl_lite.core.json_limits import loads_storable
 from agl_lite.core.keys import KeyRole, derive_key
 from agl_lite.errors import BadRequest
 from agl_lite.store.base import LLM_CALL_KIND, EventSpec, RolloutSpec
@@ -191,8 +192,19 @@ class ResourceIn(_In):
 
 class ModelIn(_In):
     name: Annotated[str, Field(min_length=1, max_length=256)]
-    endpoints: list[Annotated[str, Field(pattern=r"^https?://")]] = Field(min_length=1, max_length=64)
+    endpoints: list[Annotated[str, Field(pattern=ENDPOINT_PATTERN, max_length=2048)]] = Field(
+        min_length=1, max_length=64
+    )
     version: Annotated[str, Field(min_length=1, max_length=256)]
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, endpoints: list[str]) -> list[str]:
+        for i, endpoint in enumerate(endpoints):
+            problem = endpoint_problem(endpoint)
+            if problem is not None:
+                raise ValueError(f"endpoints[{i}] is no upstream base URL: {problem}")
+        return endpoints
 
 
 class PauseIn(_In):
@@ -218,11 +230,9 @@ def parse(model: type[_In], body: bytes) -> Any:
     """Validate a JSON body into `model`; every problem is one 400 naming the field."""
     if not body:
         raise BadRequest("a JSON body is required")
-    try:
-        raw = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
-    check_json_depth(raw, body)  # deeper than the store can serialise: refused before it is written
+    raw = loads_storable(
+        body
+    )  # deeper, or with integers wider, than the store can hold: refused before a write
     try:
         return model.model_validate(raw)
     except ValidationError as exc:

@@ -74,6 +74,7 @@ class Repo(Protocol):
     """Row-level access inside one transaction; implemented by each backend. Returned records are copies."""
 
     def get_rollout(self, rollout_id: str) -> Rollout | None: ...
+    def rollout_state(self, rollout_id: str) -> RolloutStatus | None: ...
     def put_rollout(self, rollout: Rollout, *, new: bool) -> None: ...
     def list_rollouts(self, flt: RolloutFilter) -> list[Rollout]: ...
     def queued(self, limit: int) -> list[Rollout]: ...
@@ -104,9 +105,16 @@ STORE: ServiceKey[Store] = ServiceKey("store")
 """The service under which the `store` addon provides the store to the other addons."""
 
 
+RESERVED_IDS = {"rollout": frozenset({"completed"}), "resource": frozenset({"latest"})}
+"""Names the API's own routes take (`/api/rollouts/completed`, `/api/resources/latest`): a rollout or resource so
+named could never be read back."""
+
+
 def _check_id(kind: str, value: str) -> str:
     if not ID_PATTERN.fullmatch(value):
         raise BadRequest(f"invalid {kind} id {value!r}: use 1-128 of A-Z a-z 0-9 _ -")
+    if value in RESERVED_IDS.get(kind, ()):
+        raise BadRequest(f"{kind} id {value!r} is reserved: the API's own route takes that name")
     return value
 
 
@@ -458,12 +466,15 @@ class Store:
         """Commit a captured LLM call; an attributed one also gets an `llm_call` event in its rollout's sequence."""
 
         def op(repo: Repo) -> None:
-            rollout = repo.get_rollout(call.rollout_id) if call.rollout_id is not None else None
+            rid = call.rollout_id
+            status = (
+                repo.rollout_state(rid) if rid is not None else None
+            )  # (no decode of the rollout: per call)
             # A call still in flight when its rollout ended: its record is kept, out of the finished trajectory.
-            call.late = rollout is not None and rollout.status.terminal
+            call.late = status is not None and status.terminal
             repo.add_call(call)
-            if rollout is not None and not call.late:
-                seq = repo.last_event_seq(rollout.id) + 1
+            if rid is not None and status is not None and not call.late:
+                seq = repo.last_event_seq(rid) + 1
                 summary = {
                     "call_id": call.id,
                     "outcome": call.outcome.value,
@@ -473,7 +484,7 @@ class Store:
                 }
                 repo.add_event(
                     Event(
-                        rollout.id,
+                        rid,
                         seq,
                         LLM_CALL_KIND,
                         summary,

@@ -42,6 +42,10 @@ class MemoryRepo:
         r = self._rollouts.get(rollout_id)
         return copy.copy(r) if r is not None else None
 
+    def rollout_state(self, rollout_id: str) -> RolloutStatus | None:
+        r = self._rollouts.get(rollout_id)
+        return r.status if r is not None else None
+
     def put_rollout(self, rollout: Rollout, *, new: bool) -> None:
         stored = copy.copy(rollout)
         self._rollouts[rollout.id] = stored

@@ -83,9 +83,53 @@ ERROR = {
 }
 
 
+_JSON_VALUE = "#/components/schemas/JsonValue"
+JSON_VALUE = {
+    "description": "Any JSON value whose integers fit 64 bits (the store keeps numbers as they came; a wider "
+    "integer is a 400: send it as a string).",
+    "anyOf": [
+        {"type": "null"},
+        {"type": "boolean"},
+        {"type": "string"},
+        {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1},
+        {"type": "number", "not": {"type": "integer"}},
+        {"type": "array", "items": {"$ref": _JSON_VALUE}},
+        {"type": "object", "additionalProperties": {"$ref": _JSON_VALUE}},
+    ],
+}
+"""What the payloads' free-form fields (`input`, `metadata`, `data`, ...) take."""
+_TYPED = frozenset({"type", "$ref", "anyOf", "oneOf", "allOf", "enum", "const", "not"})
+
+
+def _free_form_is_json_value(node: Any) -> Any:
+    """`schema` with each free-form subschema (pydantic's `Any`: no type at all; `dict[str, Any]`'s
+    `additionalProperties: true`) given the JsonValue bound the API enforces."""
+    if isinstance(node, list):
+        return [_free_form_is_json_value(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "properties" and isinstance(value, dict):
+            out[key] = {name: _as_value_schema(sub) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties"):
+            out[key] = {"$ref": _JSON_VALUE} if value is True else _as_value_schema(value)
+        elif key in ("anyOf", "oneOf", "allOf") and isinstance(value, list):
+            out[key] = [_as_value_schema(sub) for sub in value]
+        else:
+            out[key] = _free_form_is_json_value(value)
+    return out
+
+
+def _as_value_schema(sub: Any) -> Any:
+    if isinstance(sub, dict) and not _TYPED & sub.keys():
+        return {**sub, "$ref": _JSON_VALUE}
+    return _free_form_is_json_value(sub)
+
+
 def document(routes: Iterable[HttpRoute]) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
-    schemas: dict[str, Any] = {"Error": ERROR}
+    schemas: dict[str, Any] = {"Error": ERROR, "JsonValue": JSON_VALUE}
     for route in routes:
         op: dict[str, Any] = {
             "operationId": route.name,
@@ -118,7 +162,9 @@ def document(routes: Iterable[HttpRoute]) -> dict[str, Any]:
             op["parameters"] = params
         model = BODIES.get(route.name)
         if model is not None:
-            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schema = _free_form_is_json_value(
+                model.model_json_schema(ref_template="#/components/schemas/{model}")
+            )
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
             op["requestBody"] = {

@@ -201,12 +201,17 @@ class SQLiteRepo:
         self.index = index
         self.calls_table = calls_table
         self._tokens_column = calls_table == "calls"  # (v2's migration table predates it)
+        self._seqs: dict[str, int] | None = {} if index is not None and calls_table == "calls" else None
+        """The writer's last event seq per rollout (its own writes are the only ones: one process owns the store);
+        a MAX() per `llm_call` event otherwise."""
         self._pending: list[tuple[str, int, array[int]]] = []  # index entries of the running operation
 
     # --- operation boundaries (writer only) ----------------------------------------------------------------------
 
     def end_op(self, ok: bool) -> list[tuple[str, int, array[int]]]:
         pending, self._pending = self._pending, []
+        if not ok and self._seqs:
+            self._seqs.clear()  # what the undone writes cached is undone with them
         return pending if ok else []
 
     # --- rollouts ------------------------------------------------------------------------------------------------
@@ -214,6 +219,10 @@ class SQLiteRepo:
     def get_rollout(self, rollout_id: str) -> Rollout | None:
         row = self.conn.execute("SELECT body FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
         return codec.rollout_from_json(_load(row[0])) if row else None
+
+    def rollout_state(self, rollout_id: str) -> RolloutStatus | None:
+        row = self.conn.execute("SELECT status FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
+        return RolloutStatus(row[0]) if row else None
 
     def put_rollout(self, rollout: Rollout, *, new: bool) -> None:
         self.conn.execute(
@@ -275,6 +284,9 @@ class SQLiteRepo:
         )
 
     def last_event_seq(self, rollout_id: str) -> int:
+        seqs = self._seqs
+        if seqs is not None and (known := seqs.get(rollout_id)) is not None:
+            return known
         row = self.conn.execute("SELECT MAX(seq) FROM events WHERE rollout_id = ?", (rollout_id,)).fetchone()
         return int(row[0] or 0)
 
@@ -283,6 +295,11 @@ class SQLiteRepo:
             "INSERT INTO events (rollout_id, seq, kind, body) VALUES (?, ?, ?, ?)",
             (event.rollout_id, event.seq, event.kind, _dump(event.to_json())),
         )
+        seqs = self._seqs
+        if seqs is not None:
+            if len(seqs) >= 100_000:
+                seqs.clear()  # a cache: the table stays the truth
+            seqs[event.rollout_id] = event.seq
 
     def events(self, rollout_id: str, kind: str | None, after_seq: int, limit: int) -> list[Event]:
         sql = "SELECT body FROM events WHERE rollout_id = ? AND seq > ?"

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import pytest
@@ -297,6 +298,10 @@ BAD = [
     ("POST", "/api/runner/claim", {"runner_id": "x", "limit": 5000}, 400),
     ("POST", "/api/resources", {"name": "a/b", "value": 1}, 400),
     ("POST", "/api/models", {"name": "m", "endpoints": ["ftp://x"], "version": "1"}, 400),
+    # issue #15 (low): these were taken, then failed mid-call (500), or showed their credentials to agents
+    ("POST", "/api/models", {"name": "m", "endpoints": ["http://u:secret@x/v1"], "version": "1"}, 400),
+    ("POST", "/api/models", {"name": "m", "endpoints": ["http://x:99999/v1"], "version": "1"}, 400),
+    ("POST", "/api/models", {"name": "m", "endpoints": ["http://x/v1?k=1"], "version": "1"}, 400),
     ("POST", "/api/rollouts", {"rollouts": [{"input": "x" * 300_000}]}, 413),
 ]
 
@@ -325,3 +330,11 @@ async def test_illegal_transition_is_409_and_changes_nothing(api: Api) -> None:
     status, body = await api.call("POST", "/api/rollouts/r1/cancel", {})
     assert (status, body["error"]["type"]) == (409, "conflict")
     assert (await api.store.get_rollout("r1")).status.value == "succeeded"
+
+
+@pytest.mark.parametrize("value", ["1_000", "+5", " 5", "\u0665", "5.0", "0x10", "1e3"])
+async def test_a_query_integer_is_plain_ascii_digits(api: Api, value: str) -> None:
+    # Issue #15 (low): int() took "1_000", "+5" and non-ASCII digits.
+    status, body = await api.call("GET", f"/api/rollouts?limit={quote(value)}")
+    assert status == 400
+    assert "'limit' must be an integer" in body["error"]["message"]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agl_lite.core.json_limits import MAX_JSON_DEPTH, check_json_depth, loads
+from agl_lite.core.json_limits import MAX_JSON_DEPTH, check_json_depth, loads, loads_storable
 from agl_lite.errors import BadRequest
 
 
@@ -93,3 +93,15 @@ def test_any_body_reads_as_the_stdlib_reads_it(value: Any, ascii_only: bool) -> 
     only Python accepts (NaN, infinities, lone surrogates) still parses."""
     body = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
     assert same(loads(body), json.loads(body))
+
+
+@pytest.mark.parametrize("number", [str(2**64), str(-(2**63) - 1), "1" * 40])
+def test_an_integer_the_store_would_change_is_refused_not_stored_as_a_float(number: str) -> None:
+    # Issue #15 (low): orjson read it as a float, and the store answered 201 with another number.
+    with pytest.raises(BadRequest, match="does not fit 64 bits"):
+        loads_storable(f'{{"data": {{"x": {number}}}}}'.encode())
+
+
+@pytest.mark.parametrize("body", [b'{"x": 18446744073709551615}', b'{"id": "12345678901234567890123"}'])
+def test_what_fits_64_bits_and_long_digit_strings_are_read_as_they_are(body: bytes) -> None:
+    assert loads_storable(body) == json.loads(body)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from agl_lite.core import routes as routes_module
 from agl_lite.core.routes import ID_PATTERN, HttpRoute, RouteKind, RouteTable, Scope, model_api_routes
 from agl_lite.errors import BadRequest, ConfigError, MethodNotAllowed, NotFound
 from agl_lite.store.base import _check_id
@@ -64,3 +65,17 @@ def test_an_id_with_a_trailing_newline_is_not_an_id() -> None:
     assert ID_PATTERN.fullmatch("ro-1\n") is None
     with pytest.raises(BadRequest):
         _check_id("rollout", "ro-1\n")
+
+
+def test_a_remembered_dynamic_path_matches_as_it_did_and_the_memory_is_bounded() -> None:
+    table = RouteTable([HttpRoute("x", "POST", "/r/{rollout_id}/a/{attempt_id}/v1/x", Scope.AGENT)])
+    first = table.match("POST", "/r/ro-1/a/at-1/v1/x")
+    again = table.match("POST", "/r/ro-1/a/at-1/v1/x")
+    assert (again.route, dict(again.params)) == (first.route, {"rollout_id": "ro-1", "attempt_id": "at-1"})
+    with pytest.raises(MethodNotAllowed):
+        table.match("GET", "/r/ro-1/a/at-1/v1/x")  # the method is still checked
+    for i in range(routes_module._SEEN_PATHS + 10):
+        table.match("POST", f"/r/ro-{i}/a/at/v1/x")
+    assert len(table._seen) <= routes_module._SEEN_PATHS
+    with pytest.raises(NotFound):
+        table.match("POST", "/r/ro-1/a/at-1/v1/x\n")

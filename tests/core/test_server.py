@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from yarl import URL
 
 from agl_lite.addons.capture import Capture
 from agl_lite.core.flow import Flow
@@ -553,3 +554,21 @@ async def test_an_upstream_line_or_body_past_max_event_bytes_fails_the_call(
     record = probe.flows[0].metadata["capture.record"]
     assert record.outcome is CallOutcome.UPSTREAM_ERROR
     assert "max_event_bytes" in record.error
+
+
+async def test_the_query_string_is_forwarded_as_the_client_encoded_it(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
+) -> None:
+    # Issue #15 (low): `%20` reached the upstream as a raw space in its request line.
+    seen: list[str] = []
+
+    async def echo(request: web.Request) -> web.StreamResponse:
+        seen.append(request.raw_path)
+        return web.json_response({"ok": True})
+
+    base = await upstream(echo)
+    async with gateway_factory({"m": [base]}) as gw, aiohttp.ClientSession() as s:
+        url = URL(gateway_url(gw) + "/v1/chat/completions?a=%20b&c=d%26e&f=%2F", encoded=True)
+        async with s.post(url, json=CHAT, headers=AUTH) as r:
+            assert r.status == 200
+    assert seen == ["/v1/chat/completions?a=%20b&c=d%26e&f=%2F"]

@@ -42,7 +42,8 @@ async def test_enqueue_with_an_existing_id_is_idempotent(store: Store) -> None:
     assert len(await store.list_rollouts()) == 1
 
 
-@pytest.mark.parametrize("bad_id", ["has space", "dot.ted", "", "x" * 129])
+# "completed": a rollout so named would hide behind `/api/rollouts/completed` (issue #15)
+@pytest.mark.parametrize("bad_id", ["has space", "dot.ted", "", "x" * 129, "completed"])
 async def test_enqueue_rejects_unsafe_ids_and_changes_nothing(store: Store, bad_id: str) -> None:
     with pytest.raises(BadRequest):
         await store.enqueue([RolloutSpec(input=1, id="ok"), RolloutSpec(input=2, id=bad_id)])
@@ -326,3 +327,9 @@ async def test_a_rollouts_token_total_is_read_once_however_many_ask_and_then_kep
     await store.add_call(call("r1", 99, [1, 2, 3, 4, 5, 6], [[7]]))
     assert await store.tokens_used("r1") == 50 * 5 + 7
     assert reads == 1
+
+
+async def test_a_resource_cannot_take_the_name_of_the_latest_route(store: Store) -> None:
+    with pytest.raises(BadRequest, match="reserved"):
+        await store.put_resource("latest", {"lr": 1})
+    assert await store.latest_resources() == []
