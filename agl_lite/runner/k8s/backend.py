@@ -39,7 +39,9 @@ __all__ = ["K8sBackend"]
 log = structlog.get_logger("agl_lite.runner.k8s")
 
 RETRY_S = 1.0
-"""Pause before a launch tries again after the store or the API server failed it."""
+"""Pause before a launch tries again after the store or the API server failed it; it doubles with each failure
+in a row, up to `RETRY_MAX_S`."""
+RETRY_MAX_S = 60.0
 
 
 class K8sBackend:
@@ -152,6 +154,7 @@ class K8sBackend:
         follow = Follow(launch, job_name(rid), self._store, self.cache, self.options.settle_s, self._clock)
         self._follows[rid] = follow
         try:
+            failures = 0
             while True:
                 try:
                     return await self._run(follow)
@@ -162,8 +165,12 @@ class K8sBackend:
                         )
                     if not isinstance(exc, KubeError | OSError | TimeoutError) and not _transient(exc):
                         raise
-                    log.warning("k8s launch step failed, retrying", rollout_id=rid, error=repr(exc))
-                    await self._pause(follow, RETRY_S)
+                    delay = min(RETRY_MAX_S, RETRY_S * 2**failures)
+                    failures += 1
+                    log.warning(
+                        "k8s launch step failed, retrying", rollout_id=rid, error=repr(exc), retry_in_s=delay
+                    )
+                    await self._back_off(follow, delay)
         finally:
             if self._follows.get(rid) is follow:
                 del self._follows[rid]
@@ -205,6 +212,19 @@ class K8sBackend:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await follow.changed.wait()
+
+    async def _back_off(self, follow: Follow, seconds: float) -> None:
+        """`seconds`, whatever else changes for the rollout (an informer event, a reconcile), unless it is
+        cancelled or the controller stops. (`_pause` returns at any change: as a retry's pause it let a reconcile,
+        which marks every rollout changed, turn the retries into a loop at the client's full rate: 11,212 failed
+        creates in 11 minutes for one rollout.)"""
+        deadline = self._clock() + seconds
+        while not (follow.cancelled or self._closing):
+            left = deadline - self._clock()
+            if left <= 0:
+                return
+            follow.changed.clear()
+            await self._pause(follow, left)
 
     async def _run(self, follow: Follow) -> Outcome:
         early = await self._ensure_job(follow)
@@ -282,7 +302,8 @@ class K8sBackend:
                 created = existing
                 self.jobs_adopted += 1
             except KubeError as exc:
-                if exc.status in (400, 403, 422):
+                # 404 on a create: the namespace does not exist (`namespaces "X" not found`); no retry makes it.
+                if exc.status in (400, 403, 404, 422):
                     return refused(f"the API server refused the Job: {exc.message or exc}")
                 raise
             self._touch(self.cache.put_job(created))

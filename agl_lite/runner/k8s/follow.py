@@ -118,7 +118,9 @@ class Follow:
         timed_out = job.reason == "DeadlineExceeded"
         final = AttemptStatus.TIMEOUT if timed_out else AttemptStatus.LOST
         for uid in gone + [p.uid for p in unsettled]:
-            await self.close(uid, None, final, None, f"pod stopped as its Job ended: {job.reason}")
+            # (a 1.20 server's Complete condition has no reason: say what ended it, never "None")
+            why = job.reason or ("it completed" if job.succeeded else "it failed")
+            await self.close(uid, None, final, None, f"pod stopped as its Job ended ({why})")
         if job.succeeded:
             return Outcome(AttemptStatus.SUCCEEDED, 0, job.outcome_message)
         detail = f"; last attempt: {self.last_failure}" if self.last_failure else ""

@@ -218,6 +218,10 @@ class ApiServer:
             if verb in ("list", "watch"):
                 return await self._list_or_watch(request, resource, target.namespace, verb == "watch")
             if verb == "create":
+                if self.faults.take_create_error(resource.plural):
+                    raise ApiError(
+                        500, "InternalError", "Internal error occurred: etcdserver: request timed out", {}
+                    )
                 body = await self._body(request)
                 return self._json(
                     typed(

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["FakeK8sConfig", "Timings"]
+__all__ = ["DEFAULT_NAMESPACES", "FakeK8sConfig", "Timings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +32,10 @@ class Timings:
     just before a watch's timeoutSeconds ends, as a 1.20 server does."""
 
 
+DEFAULT_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+"""What a fresh cluster has."""
+
+
 @dataclass(frozen=True, slots=True)
 class FakeK8sConfig:
     """How `running_fake_k8s` builds the fake cluster."""
@@ -40,8 +44,9 @@ class FakeK8sConfig:
     """Injectable delays, see `Timings`."""
     token: str | None = None
     """The bearer token the API server accepts; None draws a random one."""
-    namespaces: frozenset[str] | None = None
-    """Namespaces that exist; None lets every namespace exist (no Namespace objects are served)."""
+    namespaces: frozenset[str] | None = DEFAULT_NAMESPACES
+    """Namespaces that exist (no Namespace objects are served): a fresh cluster's by default, and as on a real
+    server anything in another namespace is a 404 `namespaces "X" not found`; None lets every namespace exist."""
     history_limit: int = 10_000
     """Watch events kept for replay from a resourceVersion; an older resourceVersion gets 410 Expired."""
     node_name: str = "fake-node"

@@ -1,4 +1,4 @@
-"""Faults armed by tests and consumed by the API server: 429 bursts, 409 on updates, 410 on watches.
+"""Faults armed by tests and consumed by the API server: 429 bursts, 409 on updates, 410 on watches, 500 on creates.
 
 Each fault is a counter the next matching requests use up, so a test says exactly how many requests fail.
 """
@@ -18,6 +18,9 @@ class Faults:
     conflict_resource: str | None = None
     """Only updates of this resource ("jobs", "pods", "pods/status") get the 409; None: any."""
     watch_expiries_left: int = 0
+    create_errors_left: int = 0
+    """Creates answered 500 `InternalError` (an etcd timeout, a webhook down), as kube-apiserver answers them."""
+    create_error_resource: str | None = None
 
     def take_throttle(self) -> int | None:
         """The Retry-After seconds when this request is to be shed with 429, else None."""
@@ -36,4 +39,10 @@ class Faults:
         if self.watch_expiries_left <= 0:
             return False
         self.watch_expiries_left -= 1
+        return True
+
+    def take_create_error(self, resource: str) -> bool:
+        if self.create_errors_left <= 0 or self.create_error_resource not in (None, resource):
+            return False
+        self.create_errors_left -= 1
         return True

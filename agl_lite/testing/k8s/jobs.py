@@ -154,7 +154,11 @@ class JobController(Controller[Key]):
             )
         ]
         pods.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
-        active = [p for p in pods if _phase(p) not in _TERMINAL]
+        # As 1.20's controller.FilterActivePods: a terminating pod (deletionTimestamp set) is no longer active, so
+        # a pod deleted by hand is replaced at once and both run side by side for its grace period.
+        active = [
+            p for p in pods if _phase(p) not in _TERMINAL and not p["metadata"].get("deletionTimestamp")
+        ]
         succeeded = sum(_phase(p) == "Succeeded" for p in pods)
         failed_now, fail_job = 0, None
         for pod in (p for p in pods if _phase(p) == "Failed"):

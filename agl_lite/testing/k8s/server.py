@@ -255,6 +255,11 @@ class FakeK8s:
         self.faults.conflicts_left += count
         self.faults.conflict_resource = resource
 
+    def fail_next_creates(self, count: int = 1, *, resource: str | None = None) -> None:
+        """The next `count` creates (of `resource`, e.g. "jobs") get 500 InternalError, as an etcd timeout gives."""
+        self.faults.create_errors_left = count
+        self.faults.create_error_resource = resource
+
     def throttle_next_requests(self, count: int, *, retry_after_s: int = 1) -> None:
         """The next `count` requests get 429 TooManyRequests with Retry-After, as API Priority and Fairness sheds."""
         self.faults.throttle_left += count

@@ -23,6 +23,7 @@ from agl_lite.store.records import RolloutConfig
 from agl_lite.testing import MockVLLM, running_mock
 from agl_lite.testing.gateway import write_config
 from agl_lite.testing.k8s import FakeK8s, FakeK8sConfig, Timings, running_fake_k8s
+from agl_lite.testing.k8s.config import DEFAULT_NAMESPACES
 from tests.conftest import ADMIN_KEY, gateway_url
 from tests.runner.agents import RunnerHarness
 
@@ -50,7 +51,8 @@ def write_kubeconfig(path: Path, cluster: FakeK8s) -> Path:
 @pytest.fixture
 async def cluster() -> AsyncIterator[FakeK8s]:
     # a 30 s grace period is 0.3 s, a 1 s activeDeadlineSeconds 10 ms: deadlines are tested without waiting
-    async with running_fake_k8s(FakeK8sConfig(timings=Timings(time_scale=0.01))) as k8s:
+    config = FakeK8sConfig(timings=Timings(time_scale=0.01), namespaces=DEFAULT_NAMESPACES | {NAMESPACE})
+    async with running_fake_k8s(config) as k8s:
         yield k8s
 
 

@@ -11,10 +11,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from kubernetes.aio.client import ApiClient, BatchV1Api
 
 from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.runner.k8s import backend as backend_module
 from agl_lite.runner.k8s.names import job_name
 from agl_lite.store.base import RolloutSpec
 from agl_lite.store.records import AttemptStatus, RolloutConfig, RolloutStatus
@@ -376,3 +378,41 @@ async def test_every_request_is_one_the_controllers_role_allows(start: Any) -> N
         await s.wait(ok)
         await s.backend.reconcile([])
     assert set(s.cluster.requests) <= allowed, set(s.cluster.requests) - allowed
+
+
+async def test_a_namespace_that_does_not_exist_fails_the_rollout_with_the_servers_words(start: Any) -> None:
+    # Issue #15, against a real 1.20 server: the create got 404 `namespaces "X" not found`, the backend retried it
+    # for good (11,212 creates in 11 minutes) and the rollout stayed running with 0 attempts.
+    async with start(k8s={"namespace": "nowhere"}) as s:
+        (rid,) = await s.enqueue([k8s_spec(["/bin/sh", "-c", "exit 0"])])
+        done = await s.wait([rid])
+        creates = s.cluster.counters.by_resource[("create", "jobs")]
+    assert done[rid].status is RolloutStatus.FAILED
+    assert 'namespaces "nowhere" not found' in (done[rid].message or "")
+    assert creates == 1
+
+
+async def test_launch_retries_back_off_however_often_the_rollouts_are_marked_changed(
+    start: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue #15: a reconcile marks every followed rollout changed, and the retry's pause returned at once on it,
+    # and kept returning (nobody cleared the mark): the retries went at the client's full rate.
+    monkeypatch.setattr(backend_module, "RETRY_S", 0.2)
+    async with start() as s:
+        s.cluster.fail_next_creates(1000, resource="jobs")
+        started = time.monotonic()
+        (rid,) = await s.enqueue([k8s_spec(["/bin/sh", "-c", "exit 0"])])
+
+        def creates() -> int:
+            return s.cluster.counters.by_resource[("create", "jobs")]
+
+        await s.cluster.wait_for(lambda: creates() >= 1, timeout=30)
+        await s.backend.reconcile([])  # every rollout marked changed, as the runner's resync does
+        await s.cluster.wait_for(lambda: creates() >= 5, timeout=30)
+        elapsed = time.monotonic() - started
+        s.cluster.fail_next_creates(0)
+        await s.backend.reconcile([])
+        done = await s.wait([rid])
+    # 0.2 + 0.4 + 0.8 + 1.6 s between the first five creates: not five in a row
+    assert elapsed >= 2.5, elapsed
+    assert done[rid].status is RolloutStatus.SUCCEEDED, done[rid].message

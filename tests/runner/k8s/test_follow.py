@@ -132,6 +132,8 @@ async def test_a_verdict_waits_settle_s_for_a_pods_last_status(setup: Any) -> No
     assert outcome.status is AttemptStatus.SUCCEEDED
     (attempt,) = await store.attempts("ro-1")
     assert attempt.status is AttemptStatus.LOST  # it never said how it ended
+    # a 1.20 server's Complete condition has no reason (issue #15: the message read "...: None")
+    assert attempt.message == "pod stopped as its Job ended (it completed)"
 
 
 async def test_a_late_pod_status_inside_the_settle_period_is_kept(setup: Any) -> None:

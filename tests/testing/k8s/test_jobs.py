@@ -274,3 +274,28 @@ async def test_a_job_watched_with_the_aio_client_reports_its_failure(
     assert seen[0] == ("ADDED", 0)
     assert seen[-1] == ("MODIFIED", 2)
     assert job.status.conditions[0].reason == "BackoffLimitExceeded"
+
+
+async def test_a_pod_deleted_by_hand_is_replaced_at_once_while_it_terminates(
+    k8s: FakeK8s, aio: kubernetes.aio.client.ApiClient, tmp_path: Path
+) -> None:
+    # Issue #15: a real 1.20 Job controller does not count a terminating pod as active and starts its
+    # replacement at once, so the two run side by side for the grace period; the fake waited for the old to go.
+    marker = tmp_path / "second"
+    script = f"if [ -e {marker} ]; then exit 0; fi; touch {marker}; trap '' TERM; echo waiting; sleep 30"
+    await BatchV1Api(aio).create_namespaced_job("default", job_manifest("hand", [container(sh(script))]))
+    (first,) = await k8s.wait_for_pods("default", "job-name=hand", lambda p: len(p) == 1)
+    name = first["metadata"]["name"]
+    await k8s.wait_for(lambda: "waiting" in k8s.logs("default", name, "main"))
+    await CoreV1Api(aio).delete_namespaced_pod(name, "default")
+    both = await k8s.wait_for_pods(
+        "default",
+        "job-name=hand",
+        lambda p: (
+            len(p) == 2
+            and any(x["metadata"]["name"] == name and x["metadata"].get("deletionTimestamp") for x in p)
+        ),
+    )
+    assert {p["metadata"]["name"] for p in both} - {name}  # the replacement, beside the terminating pod
+    job = await k8s.wait_for_job("default", "hand", "Complete")
+    assert "failed" not in job["status"]  # a deleted pod is no failure
