@@ -47,6 +47,10 @@ __all__ = ["CORE_ROUTES", "Gateway"]
 
 log = structlog.get_logger("agl_lite.server")
 
+_AIOHTTP_SHUTDOWN_S = 1.0
+"""What aiohttp waits for handlers at shutdown (twice: before and after cancelling them), after `Gateway.stop` let
+the flows in flight finish or cut them."""
+
 CORE_ROUTES = (HttpRoute("healthz", "GET", "/healthz", Scope.PUBLIC, RouteKind.API, "Liveness probe."),)
 """Routes the core answers itself."""
 
@@ -70,6 +74,8 @@ class Gateway:
         self.port: int = 0
         self._access_log = config.log.access_log
         self._stopping = False
+        self._flows: set[Flow] = set()  # in flight, for the shutdown to wait for and then cut
+        self._idle = asyncio.Event()
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
 
@@ -113,10 +119,8 @@ class Gateway:
             await self.addons.load()
             await self.addons.configure(self.config)
             await self.upstream.start()
-            self._runner = web.ServerRunner(
-                self.make_server(),
-                shutdown_timeout=self.config.server.shutdown_timeout,
-            )
+            # `stop` waits for the flows itself; aiohttp's own wait is for what is left after they were cut.
+            self._runner = web.ServerRunner(self.make_server(), shutdown_timeout=_AIOHTTP_SHUTDOWN_S)
             await self._runner.setup()
             await web.SockSite(self._runner, sock, backlog=1024).start()
             await self.addons.running()
@@ -128,8 +132,20 @@ class Gateway:
         return self.port
 
     async def stop(self) -> None:
+        """Stop accepting, let the flows in flight finish for `shutdown_timeout` s in all, then cut the rest (their
+        clients get 503 `shutting_down`, their records say `aborted`). aiohttp alone would wait that long twice
+        (once for the handlers, once more after cancelling them)."""
         self._stopping = True
         if self._runner is not None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.config.server.shutdown_timeout
+            for site in list(self._runner.sites):
+                await site.stop()  # no new connections
+            cut_grace = min(1.0, self.config.server.shutdown_timeout / 4)
+            await self._drained(deadline - cut_grace)
+            for flow in list(self._flows):
+                flow.abort(ShuttingDown("the gateway shut down before the call ended"))
+            await self._drained(deadline)
             await self._runner.cleanup()
             self._runner = None
         await self.addons.shutdown()
@@ -155,6 +171,7 @@ class Gateway:
         )
         forwarding = False  # the body is in: from here on a cancelled flow still gets its `error`
         flow.canceller = asyncio.current_task().cancel  # type: ignore[union-attr]
+        self._flows.add(flow)
         try:
             await self.addons.request_headers(flow)
             if flow.response is not None:  # answered on its headers (a bad key): its body is never read
@@ -186,9 +203,11 @@ class Gateway:
             internal = InternalError("internal error")
             return _json_web_response(internal.status, internal.body())
         finally:
-            flow.canceller = (
-                None  # (it holds this task, which holds the flow: no cycle left for the collector)
-            )
+            # (the canceller holds this task, which holds the flow: no cycle left for the collector)
+            flow.canceller = None
+            self._flows.discard(flow)
+            if not self._flows:
+                self._idle.set()
             flow.t_end = time.monotonic()
             await self.addons.flow_done(flow)
             if self._access_log:
@@ -199,6 +218,15 @@ class Gateway:
                     status=flow.response.status if flow.response else None,
                     ms=round((flow.t_end - flow.t_start) * 1000, 2),
                 )
+
+    async def _drained(self, deadline: float) -> None:
+        """Until no flow is in flight, or `deadline` (loop time)."""
+        loop = asyncio.get_running_loop()
+        while self._flows and (left := deadline - loop.time()) > 0:
+            self._idle.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._idle.wait()
 
     async def _read_body(self, request: web.BaseRequest, flow: Flow) -> HttpError | None:
         """Read the body into `flow.request.body`, decoded if it came with a Content-Encoding; the error to answer
