@@ -18,7 +18,8 @@
         ├── UpstreamError       502 upstream_error (UpstreamTimeout: 504 upstream_timeout)
         ├── ServiceUnavailable  503 service_unavailable (held past its bound, the store's queue full, the store's
         │                       database not writable; ShuttingDown: 503 shutting_down)
-        └── InsufficientStorage 507 insufficient_storage (the store's disk is full)
+        └── InsufficientStorage 507 insufficient_storage (the store's disk is full; QuotaExceeded: 507
+                                quota_exceeded, a rollout's storage quota is used up)
 
 Each HttpError carries a stable `type` string that clients map on; `message` is for humans and never holds a key.
 """
@@ -41,6 +42,7 @@ __all__ = [
     "ModelNotFound",
     "NotFound",
     "PayloadTooLarge",
+    "QuotaExceeded",
     "RequestTimeout",
     "ServiceUnavailable",
     "ShuttingDown",
@@ -166,3 +168,9 @@ class InsufficientStorage(HttpError):
 
     status = 507
     type = "insufficient_storage"
+
+
+class QuotaExceeded(InsufficientStorage):
+    """A rollout has used its storage quota (`[addons.store] max_rollout_bytes`): retrying does not help."""
+
+    type = "quota_exceeded"

@@ -133,10 +133,15 @@ def start_agl_lite(
     base = f"http://127.0.0.1:{port}"
     if not agent_path:
         return Target(
-            "agl-lite", base + "/v1/chat/completions", {"Authorization": f"Bearer {key}"}, pid=children.pid("agl-lite")
+            "agl-lite",
+            base + "/v1/chat/completions",
+            {"Authorization": f"Bearer {key}"},
+            pid=children.pid("agl-lite"),
         )
     if "store" not in chain:
-        raise BenchError("--agent-path needs `store` (and `store_api`) in the chain: the calls go to a rollout")
+        raise BenchError(
+            "--agent-path needs `store` (and `store_api`) in the chain: the calls go to a rollout"
+        )
     rollout = {"rollouts": [{"input": "bench", "rollout_id": AGENT_ROLLOUT}]}
     _admin_post(base + "/api/rollouts", key, rollout)
     _admin_post(base + "/api/runner/claim", key, {"runner_id": "bench", "limit": 1})

@@ -85,8 +85,10 @@ class _OrderClock:
 
 
 _clock = _OrderClock()
-_REFUSALS = frozenset({429, 503})
-"""Statuses of the gateway's own refusals that leave no record."""
+MAX_FAILED_REQUEST_BYTES = 64 * 1024
+"""Largest request body a call that did not succeed keeps in its record."""
+_REFUSALS = frozenset({429, 503, 507})
+"""Statuses of the gateway's own refusals (budget, busy, paused, storage quota) that leave no record."""
 _NOTHING = Strip()
 
 
@@ -256,6 +258,11 @@ class Capture:
             log.warning("capture could not assemble a record", path=flow.request.path, error=repr(exc))
             record = _bare(flow, call, CallOutcome.UPSTREAM_ERROR, f"capture could not assemble: {exc!r}")
         apply_client_view(record, md.get(CLIENT_VIEW))
+        if record.outcome is not CallOutcome.OK and len(call.original) > MAX_FAILED_REQUEST_BYTES:
+            # Nothing trains on a failed call: it keeps what says what was asked, not a body of up to 64 MiB that
+            # an agent could send again and again to fill the store.
+            omitted = {"omitted": "the request of a call that did not succeed", "bytes": len(call.original)}
+            record.request = record.upstream_request = omitted
         md["capture.record"] = record
 
 

@@ -10,6 +10,7 @@ from typing import Literal
 
 from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.services import LoadContext
+from agl_lite.errors import ConfigError
 from agl_lite.store.base import STORE, Store
 from agl_lite.store.memory import MemoryStore
 from agl_lite.store.sqlite import SQLiteStore
@@ -34,6 +35,12 @@ class Storage:
         queue_size: int = option(
             10_000, "Writes waiting for the writer; past it, writes get 503 + Retry-After."
         )
+        max_rollout_bytes: int = option(
+            1024**3,
+            "Bytes one rollout's events and captured calls may take; past it its agent can neither post events "
+            "nor start LLM calls (507 `quota_exceeded`; calls in flight are still recorded). 0: no quota.",
+        )
+        max_event_bytes: int = option(4 * 1024**2, "Largest event `data` (encoded); larger is a 413.")
 
     store: Store | None = None
 
@@ -53,6 +60,12 @@ class Storage:
                 batch=options.batch,
                 queue_size=options.queue_size,
             )
+        if options.max_rollout_bytes < 0 or options.max_event_bytes < 1:
+            raise ConfigError(
+                f"{config.source}: addons.store.max_rollout_bytes must be >= 0 and max_event_bytes >= 1"
+            )
+        self.store.max_rollout_bytes = options.max_rollout_bytes or None
+        self.store.max_event_bytes = options.max_event_bytes
         self._ctx.services.provide(STORE, self.store, by="store")
 
     async def shutdown(self) -> None:

@@ -2,7 +2,8 @@
 
 Counts come from the upstream's `usage` on each captured call (`capture.record`), or from the ids received when a
 stream was cut before its usage arrived. A rollout whose `config.token_budget` is spent gets 429 before the
-upstream is called. A rollout's total is the store's (`Store.tokens_used`: one indexed read on first sight, then
+upstream is called, and one whose storage quota (`[addons.store] max_rollout_bytes`) is used up gets 507. A
+rollout's total is the store's (`Store.tokens_used`: one indexed read on first sight, then
 kept by the store's own writes), so a restart keeps it and no call pays for the rollout's history.
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.flow import Flow
+from agl_lite.core.keys import KeyRole
 from agl_lite.core.routes import RouteKind
 from agl_lite.core.services import LoadContext
 from agl_lite.errors import TooManyRequests
@@ -64,6 +66,8 @@ class Tokens:
         budget = self._budgets[rollout_id]
         if budget is not None and await self.used(rollout_id) >= budget:
             raise TooManyRequests(f"rollout {rollout_id!r} has used its token budget of {budget}")
+        if flow.metadata.get("auth.role") is not KeyRole.ADMIN:
+            await self.store.check_quota(rollout_id)  # its storage too: an agent cannot fill the disk
 
     def flow_done(self, flow: Flow) -> None:
         call = flow.metadata.get("capture.record")

@@ -312,12 +312,25 @@ class AglLiteClient:
         return event
 
     async def events(
-        self, rollout_id: str, kind: str | None = None, after_seq: int = 0, limit: int = 1000
+        self,
+        rollout_id: str,
+        kind: str | None = None,
+        after_seq: int = 0,
+        limit: int = 1000,
+        *,
+        max_bytes: int | None = None,
     ) -> list[Event]:
-        params = {"kind": kind, "after_seq": after_seq, "limit": limit}
-        return [
-            payloads.event(e) for e in (await self._get(path(_R + "/events", rollout_id), params))["events"]
-        ]
+        """One page: at most `limit` events, fewer when they are large (the server bounds a page's stored bytes,
+        to `max_bytes` if given)."""
+        return (await self._events_page(rollout_id, kind, after_seq, limit, max_bytes))[0]
+
+    async def _events_page(
+        self, rollout_id: str, kind: str | None, after_seq: int, limit: int, max_bytes: int | None = None
+    ) -> tuple[list[Event], bool]:
+        params = {"kind": kind, "after_seq": after_seq, "limit": limit, "max_bytes": max_bytes}
+        body = await self._get(path(_R + "/events", rollout_id), params)
+        events = [payloads.event(e) for e in body["events"]]
+        return events, bool(body.get("more", len(events) == limit))
 
     async def follow_events(
         self, rollout_id: str, *, kind: str | None = None, after_seq: int = 0, poll_s: float = 1.0
@@ -327,11 +340,11 @@ class AglLiteClient:
             # Read the status first: events added before it turned terminal are then all read below.
             terminal = (await self.get_rollout(rollout_id)).status.terminal
             while True:
-                page = await self.events(rollout_id, kind, after_seq, MAX_BATCH)
+                page, more = await self._events_page(rollout_id, kind, after_seq, MAX_BATCH)
                 for event in page:
                     yield event
                     after_seq = event.seq
-                if len(page) < MAX_BATCH:
+                if not more:
                     break
             if terminal:
                 return
@@ -343,13 +356,32 @@ class AglLiteClient:
         attempt_id: str | None = None,
         after_order_key: int = -1,
         limit: int = 1000,
+        *,
+        max_bytes: int | None = None,
     ) -> list[LLMCall]:
         """A rollout's captured calls in request order, with their token ids (unattributed calls are not served
         over HTTP)."""
         if rollout_id is None:
             raise _bad("unattributed calls (rollout_id=None) are not served over HTTP")
-        params = {"attempt_id": attempt_id, "after_order_key": after_order_key, "limit": limit}
-        return [payloads.call(c) for c in (await self._get(path(_R + "/calls", rollout_id), params))["calls"]]
+        return (await self._calls_page(rollout_id, attempt_id, after_order_key, limit, max_bytes))[0]
+
+    async def _calls_page(
+        self,
+        rollout_id: str,
+        attempt_id: str | None,
+        after_order_key: int,
+        limit: int,
+        max_bytes: int | None = None,
+    ) -> tuple[list[LLMCall], bool]:
+        params = {
+            "attempt_id": attempt_id,
+            "after_order_key": after_order_key,
+            "limit": limit,
+            "max_bytes": max_bytes,
+        }
+        body = await self._get(path(_R + "/calls", rollout_id), params)
+        calls = [payloads.call(c) for c in body["calls"]]
+        return calls, bool(body.get("more", len(calls) == limit))
 
     async def iter_calls(
         self, rollout_id: str, *, attempt_id: str | None = None, page_size: int = 100
@@ -357,10 +389,10 @@ class AglLiteClient:
         """Every call of a rollout, one request per page (by `order_key`)."""
         after = -1
         while True:
-            page = await self.calls(rollout_id, attempt_id, after, page_size)
+            page, more = await self._calls_page(rollout_id, attempt_id, after, page_size)
             for call in page:
                 yield call
-            if len(page) < page_size:
+            if not more or not page:
                 return
             after = page[-1].order_key
 

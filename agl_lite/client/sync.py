@@ -227,9 +227,15 @@ class SyncAglLiteClient:
         return self._run(self.aio.reward(rollout_id, value, response_id, choice, attempt_id=attempt_id))
 
     def events(
-        self, rollout_id: str, kind: str | None = None, after_seq: int = 0, limit: int = 1000
+        self,
+        rollout_id: str,
+        kind: str | None = None,
+        after_seq: int = 0,
+        limit: int = 1000,
+        *,
+        max_bytes: int | None = None,
     ) -> list[Event]:
-        return self._run(self.aio.events(rollout_id, kind, after_seq, limit))
+        return self._run(self.aio.events(rollout_id, kind, after_seq, limit, max_bytes=max_bytes))
 
     def follow_events(
         self, rollout_id: str, *, kind: str | None = None, after_seq: int = 0, poll_s: float = 1.0
@@ -244,8 +250,10 @@ class SyncAglLiteClient:
         attempt_id: str | None = None,
         after_order_key: int = -1,
         limit: int = 1000,
+        *,
+        max_bytes: int | None = None,
     ) -> list[LLMCall]:
-        return self._run(self.aio.calls(rollout_id, attempt_id, after_order_key, limit))
+        return self._run(self.aio.calls(rollout_id, attempt_id, after_order_key, limit, max_bytes=max_bytes))
 
     def iter_calls(
         self, rollout_id: str, *, attempt_id: str | None = None, page_size: int = 100

@@ -15,9 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
+import orjson
+
 from agl_lite.core.routes import ID_PATTERN
 from agl_lite.core.services import ServiceKey
-from agl_lite.errors import BadRequest, Conflict, Forbidden, NotFound
+from agl_lite.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, QuotaExceeded
 from agl_lite.store.records import (
     ATTEMPT_NEXT,
     ROLLOUT_NEXT,
@@ -86,12 +88,20 @@ class Repo(Protocol):
     def attempts(self, rollout_id: str) -> list[Attempt]: ...
     def put_attempt(self, attempt: Attempt, *, new: bool) -> None: ...
     def last_event_seq(self, rollout_id: str) -> int: ...
-    def add_event(self, event: Event) -> None: ...
-    def events(self, rollout_id: str, kind: str | None, after_seq: int, limit: int) -> list[Event]: ...
-    def add_call(self, call: LLMCall) -> None: ...
+    def add_event(self, event: Event) -> int: ...
+    def events(
+        self, rollout_id: str, kind: str | None, after_seq: int, limit: int, max_bytes: int | None = None
+    ) -> list[Event]: ...
+    def add_call(self, call: LLMCall) -> int: ...
     def rollout_tokens(self, rollout_id: str) -> int: ...
+    def rollout_bytes(self, rollout_id: str) -> int: ...
     def calls(
-        self, rollout_id: str | None, attempt_id: str | None, after_order_key: int, limit: int
+        self,
+        rollout_id: str | None,
+        attempt_id: str | None,
+        after_order_key: int,
+        limit: int,
+        max_bytes: int | None = None,
     ) -> list[LLMCall]: ...
     def last_resource_version(self, name: str) -> int: ...
     def put_resource(self, resource: Resource) -> None: ...
@@ -127,6 +137,11 @@ class Store:
 
     max_batch = 1000
     """Largest number of rollouts or events in one call."""
+    max_rollout_bytes: int | None = None
+    """Bytes a rollout's events and captured calls may take (`[addons.store] max_rollout_bytes`); past it agents
+    can neither post events nor start LLM calls (507 `quota_exceeded`); None: no quota."""
+    max_event_bytes = 4 * 1024 * 1024
+    """Largest event `data`, encoded (`[addons.store] max_event_bytes`); larger is a 413."""
     max_cached_rollouts = 100_000
     """Rollouts whose token totals are kept in memory (the oldest are read again when needed)."""
 
@@ -143,6 +158,8 @@ class Store:
         self._ended_listeners: list[Callable[[str], None]] = []
         self._tokens: dict[str, int] = {}  # tokens per rollout, read once, then kept up to date by `add_call`
         self._tokens_reads: dict[str, asyncio.Future[int]] = {}  # first reads in progress, shared
+        self._bytes: dict[str, int] = {}  # likewise: bytes stored per rollout
+        self._bytes_reads: dict[str, asyncio.Future[int]] = {}
 
     # --- what a backend provides ---------------------------------------------------------------------------------
 
@@ -434,45 +451,78 @@ class Store:
         if len(specs) > self.max_batch:
             raise BadRequest(f"at most {self.max_batch} events per request")
         rewards = [_reward_value(s) for s in specs if s.kind == REWARD_KIND]
+        for spec in specs:
+            size = len(orjson.dumps(spec.data))
+            if size > self.max_event_bytes:
+                raise PayloadTooLarge(
+                    f"an event's data is {size} bytes encoded; at most {self.max_event_bytes}"
+                )
+        if source == "agent":
+            await self.check_quota(rollout_id)
 
-        def op(repo: Repo) -> list[Event]:
+        def op(repo: Repo) -> tuple[list[Event], int]:
             rollout = repo.get_rollout(rollout_id)
             if rollout is None:
                 raise NotFound(f"rollout {rollout_id!r} not found")
             now = time.time()
             seq = repo.last_event_seq(rollout_id)
             out = []
+            written = 0
             for spec in specs:
                 seq += 1
                 event = Event(rollout_id, seq, spec.kind, spec.data, spec.attempt_id, source, now)
-                repo.add_event(event)
+                written += repo.add_event(event)
                 out.append(event)
             if rewards:
                 rollout.reward = rewards[-1]
                 repo.put_rollout(rollout, new=False)
-            return out
+            return out, written
 
-        return await self._write(op)
+        events, written = await self._write(op)
+        self._stored(rollout_id, written)
+        return events
+
+    async def check_quota(self, rollout_id: str) -> None:
+        """QuotaExceeded (507) when the rollout's stored bytes reached `max_rollout_bytes`."""
+        quota = self.max_rollout_bytes
+        if quota is not None and await self.rollout_bytes(rollout_id) >= quota:
+            raise QuotaExceeded(f"rollout {rollout_id!r} has used its storage quota of {quota} bytes")
+
+    async def rollout_bytes(self, rollout_id: str) -> int:
+        """Bytes the rollout's events and calls take in the store (read once, then kept by this store's writes)."""
+        return await self._counted(self._bytes, self._bytes_reads, rollout_id, "rollout_bytes")
+
+    def _stored(self, rollout_id: str | None, written: int) -> None:
+        if rollout_id is not None and rollout_id in self._bytes:
+            self._bytes[rollout_id] += written
 
     async def events(
-        self, rollout_id: str, kind: str | None = None, after_seq: int = 0, limit: int = 1000
+        self,
+        rollout_id: str,
+        kind: str | None = None,
+        after_seq: int = 0,
+        limit: int = 1000,
+        *,
+        max_bytes: int | None = None,
     ) -> list[Event]:
+        """Events after `after_seq`: at most `limit`, and (`max_bytes`) no more than that many stored bytes but at
+        least one, so that a page of large events never has to be held whole."""
         await self.get_rollout(rollout_id)
-        return await self._read(lambda repo: repo.events(rollout_id, kind, after_seq, limit))
+        return await self._read(lambda repo: repo.events(rollout_id, kind, after_seq, limit, max_bytes))
 
     # --- captured calls ------------------------------------------------------------------------------------------
 
     async def add_call(self, call: LLMCall) -> None:
         """Commit a captured LLM call; an attributed one also gets an `llm_call` event in its rollout's sequence."""
 
-        def op(repo: Repo) -> None:
+        def op(repo: Repo) -> int:
             rid = call.rollout_id
             status = (
                 repo.rollout_state(rid) if rid is not None else None
             )  # (no decode of the rollout: per call)
             # A call still in flight when its rollout ended: its record is kept, out of the finished trajectory.
             call.late = status is not None and status.terminal
-            repo.add_call(call)
+            written = repo.add_call(call)
             if rid is not None and status is not None and not call.late:
                 seq = repo.last_event_seq(rid) + 1
                 summary = {
@@ -493,33 +543,44 @@ class Store:
                         call.t_end or time.time(),
                     )
                 )
+            return written
 
-        await self._write(op)
+        self._stored(call.rollout_id, await self._write(op))
         if call.rollout_id is not None and call.rollout_id in self._tokens:
             self._tokens[call.rollout_id] += sum(call.tokens())
 
     async def tokens_used(self, rollout_id: str) -> int:
         """Tokens the rollout's calls used so far: one indexed read the first time (shared by concurrent callers),
         then kept up to date by this store's own writes, so that no call pays for a rollout's history."""
-        known = self._tokens.get(rollout_id)
-        if known is not None:
-            return known
-        pending = self._tokens_reads.get(rollout_id)
+        return await self._counted(self._tokens, self._tokens_reads, rollout_id, "rollout_tokens")
+
+    async def _counted(
+        self, known: dict[str, int], reads: dict[str, asyncio.Future[int]], rollout_id: str, what: str
+    ) -> int:
+        """A per-rollout total kept in `known`: read once (shared by concurrent callers), then kept by the writes."""
+        value = known.get(rollout_id)
+        if value is not None:
+            return value
+        pending = reads.get(rollout_id)
         if pending is None:
-            pending = self._tokens_reads[rollout_id] = asyncio.ensure_future(self._read_tokens(rollout_id))
+            pending = reads[rollout_id] = asyncio.ensure_future(
+                self._read_total(known, reads, rollout_id, what)
+            )
         return await asyncio.shield(pending)
 
-    async def _read_tokens(self, rollout_id: str) -> int:
+    async def _read_total(
+        self, known: dict[str, int], reads: dict[str, asyncio.Future[int]], rollout_id: str, what: str
+    ) -> int:
         try:
-            # On the writer, in commit order: a call committed before is in `total`, one committed after finds the
-            # total known when it returns and adds itself (`add_call`), so none is counted twice or missed.
-            total = await self._write(lambda repo: repo.rollout_tokens(rollout_id))
-            if len(self._tokens) >= self.max_cached_rollouts:
-                self._tokens.pop(next(iter(self._tokens)))
-            self._tokens[rollout_id] = total
+            # On the writer, in commit order: a write committed before is in `total`, one committed after finds the
+            # total known when it returns and adds itself, so none is counted twice or missed.
+            total: int = await self._write(lambda repo: getattr(repo, what)(rollout_id))
+            if len(known) >= self.max_cached_rollouts:
+                known.pop(next(iter(known)))
+            known[rollout_id] = total
             return total
         finally:
-            self._tokens_reads.pop(rollout_id, None)
+            reads.pop(rollout_id, None)
 
     async def calls(
         self,
@@ -527,9 +588,14 @@ class Store:
         attempt_id: str | None = None,
         after_order_key: int = -1,
         limit: int = 1000,
+        *,
+        max_bytes: int | None = None,
     ) -> list[LLMCall]:
-        """Captured calls in request order (`rollout_id=None`: the unattributed admin calls)."""
-        return await self._read(lambda repo: repo.calls(rollout_id, attempt_id, after_order_key, limit))
+        """Captured calls in request order (`rollout_id=None`: the unattributed admin calls); `max_bytes` bounds a
+        page as for `events`."""
+        return await self._read(
+            lambda repo: repo.calls(rollout_id, attempt_id, after_order_key, limit, max_bytes)
+        )
 
     # --- resources and models ------------------------------------------------------------------------------------
 

@@ -11,6 +11,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import TypeVar
 
+import orjson
+
 from agl_lite.store.base import RolloutFilter, Store
 from agl_lite.store.records import (
     Attempt,
@@ -99,21 +101,35 @@ class MemoryRepo:
         events = self._events[rollout_id]
         return events[-1].seq if events else 0
 
-    def add_event(self, event: Event) -> None:
+    def add_event(self, event: Event) -> int:
         self._events[event.rollout_id].append(copy.copy(event))
+        return _size(event)
 
-    def events(self, rollout_id: str, kind: str | None, after_seq: int, limit: int) -> list[Event]:
+    def events(
+        self, rollout_id: str, kind: str | None, after_seq: int, limit: int, max_bytes: int | None = None
+    ) -> list[Event]:
         out = [copy.copy(e) for e in self._events[rollout_id] if e.seq > after_seq and kind in (None, e.kind)]
-        return out[:limit]
+        return _within(out[:limit], max_bytes)
 
-    def add_call(self, call: LLMCall) -> None:
+    def add_call(self, call: LLMCall) -> int:
         self._calls.append(copy.deepcopy(call))
+        return _size(call)
+
+    def rollout_bytes(self, rollout_id: str) -> int:
+        return sum(_size(e) for e in self._events[rollout_id]) + sum(
+            _size(c) for c in self._calls if c.rollout_id == rollout_id
+        )
 
     def rollout_tokens(self, rollout_id: str) -> int:
         return sum(sum(c.tokens()) for c in self._calls if c.rollout_id == rollout_id)
 
     def calls(
-        self, rollout_id: str | None, attempt_id: str | None, after_order_key: int, limit: int
+        self,
+        rollout_id: str | None,
+        attempt_id: str | None,
+        after_order_key: int,
+        limit: int,
+        max_bytes: int | None = None,
     ) -> list[LLMCall]:
         out = [
             copy.deepcopy(c)
@@ -122,7 +138,7 @@ class MemoryRepo:
             and attempt_id in (None, c.attempt_id)
             and c.order_key > after_order_key
         ]
-        return out[:limit]
+        return _within(out[:limit], max_bytes)
 
     def last_resource_version(self, name: str) -> int:
         versions = self._resources[name]
@@ -157,3 +173,27 @@ class MemoryStore(Store):
 
     async def _read(self, fn: Callable[[MemoryRepo], T]) -> T:
         return fn(self.repo)
+
+
+def _size(record: Event | LLMCall) -> int:
+    """What the record would take stored (its JSON; a call's ids as 4 bytes each, as SQLite packs them)."""
+    if isinstance(record, Event):
+        return len(orjson.dumps(record.to_json()))
+    ids = len(record.prompt_token_ids or ()) + sum(len(c.token_ids) for c in record.choices)
+    return len(orjson.dumps(record.to_json(with_ids=False))) + 4 * ids
+
+
+R = TypeVar("R", Event, LLMCall)
+
+
+def _within(records: list[R], max_bytes: int | None) -> list[R]:
+    if max_bytes is None:
+        return records
+    out: list[R] = []
+    used = 0
+    for record in records:
+        used += _size(record)
+        if out and used > max_bytes:
+            break
+        out.append(record)
+    return out

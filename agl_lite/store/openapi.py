@@ -31,6 +31,8 @@ BODIES: dict[str, type[BaseModel]] = {
 """The JSON body each route takes."""
 
 _INT = {"type": "integer", "minimum": 0, "maximum": 2**62}
+_PAGE_BYTES = {"type": "integer", "minimum": 1, "maximum": 8 * 1024 * 1024}
+"""A page's stored bytes (the API's `PAGE_BYTES` at most; a page always holds one row)."""
 QUERIES: dict[str, dict[str, dict[str, Any]]] = {
     "rollouts.list": {
         "status": {"type": "string", "enum": ["queuing", "running", "succeeded", "failed", "cancelled"]},
@@ -48,11 +50,13 @@ QUERIES: dict[str, dict[str, dict[str, Any]]] = {
         "kind": {"type": "string"},
         "after_seq": _INT,
         "limit": {"type": "integer", "minimum": 1, "maximum": 10000},
+        "max_bytes": _PAGE_BYTES,
     },
     "calls.list": {
         "attempt_id": {"type": "string"},
         "after_order_key": {"type": "integer", "minimum": -1, "maximum": 2**63 - 1},
         "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
+        "max_bytes": _PAGE_BYTES,
     },
     "resources.get": {"version": {"type": "integer", "minimum": 1, "maximum": 2**62}},
     "triplets.get": {

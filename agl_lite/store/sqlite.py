@@ -15,7 +15,7 @@ import threading
 import time
 import zlib
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -290,29 +290,34 @@ class SQLiteRepo:
         row = self.conn.execute("SELECT MAX(seq) FROM events WHERE rollout_id = ?", (rollout_id,)).fetchone()
         return int(row[0] or 0)
 
-    def add_event(self, event: Event) -> None:
+    def add_event(self, event: Event) -> int:
+        body = _dump(event.to_json())
         self.conn.execute(
             "INSERT INTO events (rollout_id, seq, kind, body) VALUES (?, ?, ?, ?)",
-            (event.rollout_id, event.seq, event.kind, _dump(event.to_json())),
+            (event.rollout_id, event.seq, event.kind, body),
         )
         seqs = self._seqs
         if seqs is not None:
             if len(seqs) >= 100_000:
                 seqs.clear()  # a cache: the table stays the truth
             seqs[event.rollout_id] = event.seq
+        return len(body)
 
-    def events(self, rollout_id: str, kind: str | None, after_seq: int, limit: int) -> list[Event]:
+    def events(
+        self, rollout_id: str, kind: str | None, after_seq: int, limit: int, max_bytes: int | None = None
+    ) -> list[Event]:
         sql = "SELECT body FROM events WHERE rollout_id = ? AND seq > ?"
         args: list[Any] = [rollout_id, after_seq]
         if kind is not None:
             sql += " AND kind = ?"
             args.append(kind)
         rows = self.conn.execute(sql + " ORDER BY seq LIMIT ?", (*args, limit))
-        return [codec.event_from_json(_load(b)) for (b,) in rows]
+        blobs = [b for (b,) in rows] if max_bytes is None else _within(rows, max_bytes, lambda r: len(r[0]))
+        return [codec.event_from_json(_load(b[0] if isinstance(b, tuple) else b)) for b in blobs]
 
     # --- calls and token ids -------------------------------------------------------------------------------------
 
-    def add_call(self, call: LLMCall) -> None:
+    def add_call(self, call: LLMCall) -> int:
         """One INSERT. The prompt is stored as `parent[:shared] + tail`, the parent being the earlier sequence of
         the same attempt (a prompt, or a prompt and a completion) that shares the longest prefix with it."""
         scope = f"{call.rollout_id}/{call.attempt_id}" if call.rollout_id is not None else None
@@ -340,6 +345,9 @@ class SQLiteRepo:
                 if lps is None:
                     lps = array("f")
                 lps.extend(choice.logprobs)
+        packed_meta, packed_ids = pack(meta), pack(ids)
+        lps_bytes = lps.tobytes() if lps is not None else None
+        body = _dump(codec.call_to_json(call))
         cur = self.conn.execute(
             _INSERT_CALL if self._tokens_column else _INSERT_CALL_V2,
             (
@@ -350,10 +358,10 @@ class SQLiteRepo:
                 parent,
                 shared,
                 tail,
-                pack(meta),
-                pack(ids),
-                lps.tobytes() if lps is not None else None,
-                _dump(codec.call_to_json(call)),
+                packed_meta,
+                packed_ids,
+                lps_bytes,
+                body,
                 *((sum(call.tokens()),) if self._tokens_column else ()),
             ),
         )
@@ -365,6 +373,21 @@ class SQLiteRepo:
                 full = array("I", prompt)  # a later prompt of this attempt may extend prompt + completion
                 full.extend(choice.token_ids)
                 pending.append((scope, base + slot, full))
+        return len(body) + len(tail or b"") + len(packed_meta) + len(packed_ids) + len(lps_bytes or b"")
+
+    def rollout_bytes(self, rollout_id: str) -> int:
+        """What `add_event` and `add_call` said they wrote for the rollout, from the rows."""
+        events = self.conn.execute(
+            "SELECT COALESCE(SUM(LENGTH(body)), 0) FROM events WHERE rollout_id = ?", (rollout_id,)
+        ).fetchone()[0]
+        calls = self.conn.execute(
+            "SELECT COALESCE(SUM(LENGTH(body) + COALESCE(LENGTH(prompt_tail), 0) + LENGTH(choice_meta)"
+            " + LENGTH(choice_ids) + COALESCE(LENGTH(logprobs), 0)), 0) FROM "
+            + self.calls_table
+            + " WHERE rollout_id = ?",
+            (rollout_id,),
+        ).fetchone()[0]
+        return int(events) + int(calls)
 
     def rollout_tokens(self, rollout_id: str) -> int:
         row = self.conn.execute(
@@ -382,7 +405,12 @@ class SQLiteRepo:
         return _seq_row(ref, row)
 
     def calls(
-        self, rollout_id: str | None, attempt_id: str | None, after_order_key: int, limit: int
+        self,
+        rollout_id: str | None,
+        attempt_id: str | None,
+        after_order_key: int,
+        limit: int,
+        max_bytes: int | None = None,
     ) -> list[LLMCall]:
         sql = (
             "SELECT seq, prompt_parent, prompt_shared, prompt_tail, choice_meta, choice_ids, logprobs, body"
@@ -392,7 +420,8 @@ class SQLiteRepo:
         if attempt_id is not None:
             sql += " AND attempt_id = ?"
             args.append(attempt_id)
-        rows = self.conn.execute(sql + " ORDER BY order_key LIMIT ?", (*args, limit)).fetchall()
+        cursor = self.conn.execute(sql + " ORDER BY order_key LIMIT ?", (*args, limit))
+        rows = cursor.fetchall() if max_bytes is None else _within(cursor, max_bytes, _call_row_bytes)
         memo: dict[int, array[int]] = {}
         fetched = {row[0]: row[1:6] for row in rows}  # a prompt's parent is often an earlier row of this page
 
@@ -865,6 +894,22 @@ class SQLiteStore(Store):
             return repo.token_bytes()
         finally:
             repo.conn.close()
+
+
+def _within(rows: Iterable[Any], max_bytes: int, size: Callable[[Any], int]) -> list[Any]:
+    """The rows, in order, while their sizes add up to at most `max_bytes` (the first one always: a page moves on)."""
+    out: list[Any] = []
+    used = 0
+    for row in rows:
+        used += size(row)
+        if out and used > max_bytes:
+            break
+        out.append(row)
+    return out
+
+
+def _call_row_bytes(row: tuple[Any, ...]) -> int:
+    return sum(len(v) for v in row[3:] if isinstance(v, bytes))
 
 
 def _wal_bytes(path: str) -> int:

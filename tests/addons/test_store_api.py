@@ -338,3 +338,27 @@ async def test_a_query_integer_is_plain_ascii_digits(api: Api, value: str) -> No
     status, body = await api.call("GET", f"/api/rollouts?limit={quote(value)}")
     assert status == 400
     assert "'limit' must be an integer" in body["error"]["message"]
+
+
+async def test_pages_of_events_and_calls_end_at_a_byte_bound_and_say_if_more_follow(api: Api) -> None:
+    # Issue #15 M4: `GET …/events` built a page of up to 10,000 events whole (RSS six to seven times its size).
+    await api.running("r1")
+    for _event in range(10):
+        status, _ = await api.call(
+            "POST", "/api/rollouts/r1/events", {"events": [{"kind": "n", "data": "x" * 1000}]}
+        )
+        assert status == 201
+    seen: list[int] = []
+    after, pages, more = 0, 0, True
+    while more:  # bounded: ten events
+        status, page = await api.call("GET", f"/api/rollouts/r1/events?after_seq={after}&max_bytes=2500")
+        assert status == 200
+        assert 1 <= len(page["events"]) <= 2
+        seen += [e["seq"] for e in page["events"]]
+        after, more, pages = seen[-1], page["more"], pages + 1
+    assert seen == list(range(1, 11))
+    assert pages == 5
+    status, whole = await api.call("GET", "/api/rollouts/r1/events")
+    assert (len(whole["events"]), whole["more"]) == (10, False)
+    status, calls = await api.call("GET", "/api/rollouts/r1/calls")
+    assert (calls["calls"], calls["more"]) == ([], False)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import secrets
 from array import array
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -105,3 +106,34 @@ async def test_totals_survive_a_restart_of_the_accounting(setup: Setup) -> None:
     fresh.store, fresh.options = setup.store, Tokens.Options()
     assert done.usage is not None
     assert await fresh.used("r1") == done.usage.total_tokens
+
+
+async def test_a_rollout_over_its_storage_quota_gets_507_before_the_upstream_and_no_record(
+    setup: Setup,
+) -> None:
+    await setup.store.enqueue([RolloutSpec(input=1, id="r1")])
+    await setup.store.claim("t", 1)
+    agent = setup.agent("r1")
+    await agent.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=5)  # type: ignore[arg-type]
+    setup.store.max_rollout_bytes = await setup.store.rollout_bytes("r1")  # used up
+    calls_before = await setup.store.calls("r1")
+    with pytest.raises(openai.APIStatusError) as refused:
+        await agent.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=5)  # type: ignore[arg-type]
+    assert (refused.value.status_code, refused.value.response.json()["error"]["type"]) == (
+        507,
+        "quota_exceeded",
+    )
+    assert await setup.store.calls("r1") == calls_before
+
+
+async def test_a_failed_call_does_not_keep_a_large_request(setup: Setup) -> None:
+    # Issue #15 M4: a failed call kept its whole request (up to 64 MiB), again and again.
+    await setup.store.enqueue([RolloutSpec(input=1, id="r1")])
+    await setup.store.claim("t", 1)
+    big = [{"role": "user", "content": secrets.token_hex(100_000)}]
+    with pytest.raises(openai.BadRequestError):  # the mock vLLM refuses it: too long for the model
+        await setup.agent("r1").chat.completions.create(model="smollm2", messages=big, max_tokens=5)  # type: ignore[arg-type]
+    (call,) = await setup.store.calls("r1")
+    assert call.outcome is CallOutcome.UPSTREAM_ERROR
+    assert call.request["bytes"] > 200_000
+    assert "omitted" in call.request

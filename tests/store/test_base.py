@@ -7,7 +7,7 @@ from array import array
 
 import pytest
 
-from agl_lite.errors import BadRequest, Conflict, Forbidden, NotFound
+from agl_lite.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, QuotaExceeded
 from agl_lite.store.base import EventSpec, RolloutFilter, RolloutSpec, Store
 from agl_lite.store.memory import MemoryRepo
 from agl_lite.store.records import (
@@ -333,3 +333,37 @@ async def test_a_resource_cannot_take_the_name_of_the_latest_route(store: Store)
     with pytest.raises(BadRequest, match="reserved"):
         await store.put_resource("latest", {"lr": 1})
     assert await store.latest_resources() == []
+
+
+async def test_a_rollouts_storage_quota_stops_its_agent_not_the_admin(store: Store) -> None:
+    # Issue #15 M4: agents could store without bound.
+    await running_rollout(store)
+    store.max_rollout_bytes = 20_000
+    for _ in range(5):
+        await store.add_events("r1", [EventSpec("note", "x" * 3000)], source="agent")
+    used = await store.rollout_bytes("r1")
+    assert 15_000 <= used < 20_000
+    await store.add_call(call("r1", 1, list(range(1000)), [[1, 2, 3]]))  # a call in flight is always recorded
+    assert await store.rollout_bytes("r1") >= 20_000
+    with pytest.raises(QuotaExceeded, match="storage quota of 20000 bytes"):
+        await store.add_events("r1", [EventSpec("note", "one more")], source="agent")
+    await store.add_events("r1", [EventSpec("verdict", "admin writes are not the agent's")], source="admin")
+    assert [e.kind for e in await store.events("r1")][-1] == "verdict"
+
+
+async def test_the_bytes_counted_match_what_a_fresh_read_finds(store: Store) -> None:
+    await running_rollout(store)
+    await store.add_events("r1", [EventSpec("note", {"a": list(range(100))})])
+    await store.add_call(call("r1", 1, list(range(300)), [[1, 2], [3]]))
+    counted = await store.rollout_bytes("r1")
+    store._bytes.clear()
+    assert await store.rollout_bytes("r1") == counted > 0
+
+
+async def test_an_event_larger_than_max_event_bytes_is_a_413_and_nothing_is_written(store: Store) -> None:
+    # Issue #15 M4: one 28 MiB event stalled the event loop for about 3 s.
+    await running_rollout(store)
+    store.max_event_bytes = 1000
+    with pytest.raises(PayloadTooLarge, match="at most 1000"):
+        await store.add_events("r1", [EventSpec("note", "ok"), EventSpec("note", "x" * 2000)])
+    assert await store.events("r1") == []
