@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from agl_lite.errors import ConfigError
 from agl_lite.runner.backends import backend_class
 from agl_lite.runner.base import RunnerSettings, RunnerStore
 from agl_lite.runner.env import DEFAULT_PASS_ENV, FORBIDDEN_ENV, ContractEnv
+from agl_lite.runner.programs import cannot_start
 from agl_lite.runner.runner import Runner
 from agl_lite.store.base import STORE
 
@@ -205,17 +205,16 @@ def _check(o: AgentRunner.Options, where: str) -> None:
 
 def _check_program(program: str, settings: RunnerSettings, where: str) -> None:
     """A local command that cannot start would fail every rollout: say so at start-up instead."""
+    search = os.environ.get("PATH", os.defpath) if "PATH" in settings.pass_env else os.defpath
+    why = cannot_start(program, search, settings.workdir)
+    if why is None:
+        return
     if "/" in program:
-        path = settings.workdir / program  # as exec resolves it: relative to the agent's working directory
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            raise ConfigError(
-                f"{where}: {program!r} is not an executable file (a relative path is taken from workdir "
-                f"{settings.workdir})"
-            )
-    else:
-        search = os.environ.get("PATH", os.defpath) if "PATH" in settings.pass_env else os.defpath
-        if shutil.which(program, path=search) is None:
-            raise ConfigError(f"{where}: {program!r} is not found on the agents' PATH")
+        raise ConfigError(
+            f"{where}: {program!r} is not an executable file ({why}; a relative path is taken from workdir "
+            f"{settings.workdir})"
+        )
+    raise ConfigError(f"{where}: {program!r} is not found on the agents' PATH")
 
 
 def _default_runner_id(backend: str) -> str:

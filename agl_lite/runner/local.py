@@ -26,6 +26,7 @@ from agl_lite.errors import ConfigError
 from agl_lite.runner.base import Launch, Outcome, RunnerSettings, RunnerStore
 from agl_lite.runner.env import process_env
 from agl_lite.runner.process import Exit, GroupProcess
+from agl_lite.runner.programs import cannot_start
 from agl_lite.runner.sandbox import CANNOT_EXEC, SETUP_FAILED
 from agl_lite.store.records import Attempt, AttemptStatus, Rollout
 
@@ -178,7 +179,7 @@ class LocalBackend:
                 path.mkdir(parents=True)
                 own[var] = str(path)
         env = process_env(contract, pass_env=self.settings.pass_env, extra=extra, private=own)
-        program_error = _cannot_start(argv[0], env, self.settings.workdir)
+        program_error = cannot_start(argv[0], env.get("PATH", os.defpath), self.settings.workdir)
         if program_error is not None:
             return Outcome(
                 AttemptStatus.FAILED,
@@ -270,18 +271,6 @@ def _sandbox_python() -> str:
     if os.access(sys.executable, os.X_OK):
         return sys.executable
     return shutil.which("python3") or sys.executable
-
-
-def _cannot_start(program: str, env: Mapping[str, str], cwd: Path) -> str | None:
-    """Why exec would fail for `program` (as the runner's own start used to report it), or None."""
-    if "/" in program:
-        path = cwd / program
-        if not path.exists():
-            return os.strerror(2)
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            return os.strerror(13)
-        return None
-    return None if shutil.which(program, path=env.get("PATH", os.defpath)) else os.strerror(2)
 
 
 def _why(status: AttemptStatus) -> str:

@@ -171,7 +171,7 @@ class Runner:
         """A backend that owns retries runs the whole rollout and records its attempts; the core only judges."""
         env = self.contract.agent(rollout, ATTEMPT_FROM_POD)
         grader_env = self.contract.grader(rollout, ATTEMPT_FROM_POD)
-        outcome = await self.backend.launch(Launch(rollout, plan, None, env, grader_env))
+        outcome = await self._launch(Launch(rollout, plan, None, env, grader_env))
         if not (drive.aborted or self._stopping):
             await self._verdict(drive, outcome, outcome.message)
 
@@ -189,7 +189,7 @@ class Runner:
             env = self.contract.agent(rollout, attempt.id)
             grader_env = self.contract.grader(rollout, attempt.id)
             log.debug("attempt starting", rollout_id=rollout.id, attempt_id=attempt.id, seq=attempt.seq)
-            outcome = await self.backend.launch(Launch(rollout, plan, attempt, env, grader_env))
+            outcome = await self._launch(Launch(rollout, plan, attempt, env, grader_env))
             await self._record(rollout.id, attempt.id, outcome)
             if drive.aborted or self._stopping:
                 return
@@ -206,6 +206,22 @@ class Runner:
                 status=outcome.status.value,
                 seq=attempt.seq,
                 max_attempts=plan.max_attempts,
+            )
+
+    async def _launch(self, launch: Launch) -> Outcome:
+        """The backend's outcome; a failure of the backend itself (a bug, not the agent's doing) fails the attempt
+        with what went wrong, instead of leaving the rollout running until the next resync."""
+        try:
+            return await self.backend.launch(launch)
+        except Exception as exc:
+            log.error(
+                "the backend failed to run an attempt",
+                rollout_id=launch.rollout.id,
+                error=repr(exc),
+                exc_info=exc,
+            )
+            return Outcome(
+                AttemptStatus.FAILED, message=f"the runner's backend failed: {exc!r}", retryable=False
             )
 
     async def _mark_lost(self, rollout: Rollout, attempts: Sequence[Attempt]) -> None:

@@ -332,3 +332,20 @@ async def test_a_resync_stops_a_drive_whose_rollout_no_longer_runs() -> None:
         assert backend.cancelled == []
         await runner.resync()
         assert backend.cancelled == ["a"]
+
+
+async def test_a_backend_that_raises_fails_the_attempt_instead_of_leaving_the_rollout_running() -> None:
+    # Issue #15: an exception out of LocalBackend.launch (not an OSError) was a "background task failed" log and
+    # the rollout stayed running until the next resync.
+    class Broken(ScriptedBackend):
+        async def launch(self, launch: Launch) -> Outcome:
+            raise RuntimeError("a bug in the backend")
+
+    store, backend = MemoryStore(), Broken()
+    async with running_runner(store, backend):
+        await store.enqueue([spec("a", max_attempts=3)])
+        done = (await terminal(store, 1))["a"]
+    assert done.status is RolloutStatus.FAILED
+    assert "a bug in the backend" in (done.message or "")
+    (attempt,) = await store.attempts("a")
+    assert attempt.status is AttemptStatus.FAILED
