@@ -201,17 +201,23 @@ class SQLiteRepo:
         self.index = index
         self.calls_table = calls_table
         self._tokens_column = calls_table == "calls"  # (v2's migration table predates it)
-        self._seqs: dict[str, int] | None = {} if index is not None and calls_table == "calls" else None
+        writer = index is not None and calls_table == "calls"
+        self._seqs: dict[str, int] | None = {} if writer else None
         """The writer's last event seq per rollout (its own writes are the only ones: one process owns the store);
         a MAX() per `llm_call` event otherwise."""
+        self._states: dict[str, RolloutStatus] | None = {} if writer else None
+        """Likewise each rollout's status, in commit order (what decides whether a call is late)."""
         self._pending: list[tuple[str, int, array[int]]] = []  # index entries of the running operation
 
     # --- operation boundaries (writer only) ----------------------------------------------------------------------
 
     def end_op(self, ok: bool) -> list[tuple[str, int, array[int]]]:
         pending, self._pending = self._pending, []
-        if not ok and self._seqs:
-            self._seqs.clear()  # what the undone writes cached is undone with them
+        if not ok:  # what the undone writes cached is undone with them
+            if self._seqs:
+                self._seqs.clear()
+            if self._states:
+                self._states.clear()
         return pending if ok else []
 
     # --- rollouts ------------------------------------------------------------------------------------------------
@@ -221,10 +227,21 @@ class SQLiteRepo:
         return codec.rollout_from_json(_load(row[0])) if row else None
 
     def rollout_state(self, rollout_id: str) -> RolloutStatus | None:
+        states = self._states
+        if states is not None and (known := states.get(rollout_id)) is not None:
+            return known
         row = self.conn.execute("SELECT status FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
-        return RolloutStatus(row[0]) if row else None
+        status = RolloutStatus(row[0]) if row else None
+        if states is not None and status is not None:
+            states[rollout_id] = status
+        return status
 
     def put_rollout(self, rollout: Rollout, *, new: bool) -> None:
+        states = self._states
+        if states is not None:
+            if len(states) >= 100_000:
+                states.clear()  # a cache: the table stays the truth
+            states[rollout.id] = rollout.status
         self.conn.execute(
             "INSERT OR REPLACE INTO rollouts (id, enqueue_seq, status, mode, group_id, completion_seq, body)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
