@@ -11,7 +11,7 @@ from agl_lite import __version__
 from agl_lite.core.routes import HttpRoute, RouteKind, Scope
 from agl_lite.store import api
 
-__all__ = ["document"]
+__all__ = ["JSON_VALUE", "bound_free_form", "document"]
 
 BODIES: dict[str, type[BaseModel]] = {
     "rollouts.enqueue": api.EnqueueIn,
@@ -105,11 +105,15 @@ JSON_VALUE = {
 _TYPED = frozenset({"type", "$ref", "anyOf", "oneOf", "allOf", "enum", "const", "not"})
 
 
-def _free_form_is_json_value(node: Any) -> Any:
-    """`schema` with each free-form subschema (pydantic's `Any`: no type at all; `dict[str, Any]`'s
-    `additionalProperties: true`) given the JsonValue bound the API enforces."""
+def bound_free_form(node: Any) -> Any:
+    """`node` (the document, or any part of it) with each free-form subschema (pydantic's `Any`: no type at all;
+    `dict[str, Any]`'s `additionalProperties: true`) bound to `JsonValue`, the values the API takes there.
+
+    The served document leaves free-form fields free (a generator of invalid cases cannot tell an `anyOf` of every
+    JSON type from a constraint); a generator of valid cases uses this form, so that it does not send integers
+    past 64 bits, which are refused."""
     if isinstance(node, list):
-        return [_free_form_is_json_value(n) for n in node]
+        return [bound_free_form(n) for n in node]
     if not isinstance(node, dict):
         return node
     out: dict[str, Any] = {}
@@ -121,14 +125,14 @@ def _free_form_is_json_value(node: Any) -> Any:
         elif key in ("anyOf", "oneOf", "allOf") and isinstance(value, list):
             out[key] = [_as_value_schema(sub) for sub in value]
         else:
-            out[key] = _free_form_is_json_value(value)
+            out[key] = bound_free_form(value)
     return out
 
 
 def _as_value_schema(sub: Any) -> Any:
     if isinstance(sub, dict) and not _TYPED & sub.keys():
         return {**sub, "$ref": _JSON_VALUE}
-    return _free_form_is_json_value(sub)
+    return bound_free_form(sub)
 
 
 def document(routes: Iterable[HttpRoute]) -> dict[str, Any]:
@@ -166,9 +170,7 @@ def document(routes: Iterable[HttpRoute]) -> dict[str, Any]:
             op["parameters"] = params
         model = BODIES.get(route.name)
         if model is not None:
-            schema = _free_form_is_json_value(
-                model.model_json_schema(ref_template="#/components/schemas/{model}")
-            )
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
             op["requestBody"] = {
