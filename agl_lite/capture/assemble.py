@@ -259,7 +259,12 @@ class Assembly:
             # error come on a few events only, so the head is looked at only when there is more.
             if (len(ev) != 5 or self.response_id is None) and not self._head(ev):
                 continue
-            for ch in ev.get("choices") or ():
+            chs = ev.get("choices")
+            if type(chs) is not list:  # (the upstream's bytes: anything at all, a number, a string)
+                continue
+            for ch in chs:
+                if type(ch) is not dict:
+                    continue
                 index = ch.get("index", 0)
                 c = choices.get(index)
                 if c is None:
@@ -316,7 +321,10 @@ class Assembly:
         if not self._head(obj):
             return
         chat = self.chat
-        for ch in obj.get("choices") or ():
+        chs = obj.get("choices")
+        for ch in chs if type(chs) is list else ():
+            if type(ch) is not dict:
+                continue
             c = self._choice(ch.get("index", 0))
             ids = ch.get("token_ids")
             if ids:
