@@ -195,6 +195,12 @@ class _Connection(asyncio.Protocol):
     def start(self, request: bytes, *, head: bool) -> asyncio.Future[HttpResponse]:
         assert self.transport is not None
         loop = self.pool.loop
+        if self.closed or self.transport.is_closing():
+            # Lost between connect and now (the upstream closed at once, or sent bytes nobody asked for): nothing
+            # would ever answer this exchange, nor time it out.
+            lost = loop.create_future()
+            lost.set_exception(UpstreamDisconnected("the connection closed before the request was sent"))
+            return lost
         self._status = 0
         if self._idle_timer is not None:
             self._idle_timer.cancel()

@@ -154,6 +154,9 @@ class Gateway:
     # --- one request ---------------------------------------------------------------------------------------------
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if self._stopping:  # a keep-alive connection's next request while the flows in flight drain
+            gone = ShuttingDown("the gateway is shutting down; retry on a new connection")
+            return _json_web_response(gone.status, gone.body(), {"Connection": "close", "Retry-After": "1"})
         try:
             match = self.table.match(request.method, request.path)
         except HttpError as exc:
@@ -345,8 +348,9 @@ class Gateway:
                     for t in transforms:
                         chunk = t(chunk)
                 if response.is_event_stream:
-                    if ended:  # after [DONE]: nothing but the end of the stream
-                        pending = (pending or b"") + chunk
+                    if ended:  # after [DONE]: nothing but the end of the stream (and no more than a line of it)
+                        if len(pending or b"") < cap:
+                            pending = (pending or b"") + chunk[: cap - len(pending or b"")]
                         continue
                     cut = done.feed(chunk)
                     if cut >= 0:
@@ -463,10 +467,10 @@ class Gateway:
 
     def _cancelled(self, flow: Flow) -> None:
         """Why a cancelled flow ended: its client left, unless the gateway is stopping (then no client left)."""
-        if self._stopping:
-            flow.error = ShuttingDown("the gateway shut down before the call ended")
-        else:
+        if not self._stopping:
             flow.client_disconnected = True
+        elif flow.error is None:  # (a refused commit, say, keeps its own error)
+            flow.error = ShuttingDown("the gateway shut down before the call ended")
 
     async def _fail(self, flow: Flow, err: HttpError | None, ended: bool) -> None:
         """`error` fires instead of `response_end`: once the response was committed, a late failure is only noted."""

@@ -239,19 +239,31 @@ class Store:
 
     async def cancel(self, rollout_id: str, message: str | None = None) -> Rollout:
         """Cancel a queuing or running rollout (its running attempts become cancelled); 409 if terminal."""
-        result = await self._write(
-            lambda repo: self._transition(repo, rollout_id, RolloutStatus.CANCELLED, message)
+        return await self._then_note(
+            lambda repo: self._transition(repo, rollout_id, RolloutStatus.CANCELLED, message),
+            lambda result: self._ended(rollout_id, result.status),
         )
-        self._ended(rollout_id, result.status)
-        return result
 
     async def finish(self, rollout_id: str, status: RolloutStatus, message: str | None = None) -> Rollout:
         """The runner's verdict: a running rollout turns succeeded or failed (and joins the completion cursor)."""
         if status not in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED):
             raise BadRequest("a rollout finishes as 'succeeded' or 'failed' (use cancel to cancel)")
-        result = await self._write(lambda repo: self._transition(repo, rollout_id, status, message))
-        self._ended(rollout_id, result.status)
-        return result
+        return await self._then_note(
+            lambda repo: self._transition(repo, rollout_id, status, message),
+            lambda result: self._ended(rollout_id, result.status),
+        )
+
+    async def _then_note(self, fn: Callable[[Repo], T], note: Callable[[T], object]) -> T:
+        """`_write(fn)`, then `note(result)` even when the caller stopped waiting (its client left): the write
+        commits anyway, and what this store keeps of it (status, totals, the rollout-ended listeners) must not
+        miss it."""
+
+        async def write_and_note() -> T:
+            result = await self._write(fn)
+            note(result)
+            return result
+
+        return await asyncio.shield(write_and_note())
 
     def on_rollout_ended(self, listener: Callable[[str], None]) -> None:
         """Call `listener(rollout_id)` once a rollout turned terminal through this store (the gateway then cuts
@@ -478,8 +490,7 @@ class Store:
                 repo.put_rollout(rollout, new=False)
             return out, written
 
-        events, written = await self._write(op)
-        self._stored(rollout_id, written)
+        events, _ = await self._then_note(op, lambda result: self._stored(rollout_id, result[1]))
         return events
 
     async def check_quota(self, rollout_id: str) -> None:
@@ -532,7 +543,7 @@ class Store:
                     "model": call.model,
                     "order_key": call.order_key,
                 }
-                repo.add_event(
+                written += repo.add_event(
                     Event(
                         rid,
                         seq,
@@ -545,9 +556,12 @@ class Store:
                 )
             return written
 
-        self._stored(call.rollout_id, await self._write(op))
-        if call.rollout_id is not None and call.rollout_id in self._tokens:
-            self._tokens[call.rollout_id] += sum(call.tokens())
+        def note(written: int) -> None:
+            self._stored(call.rollout_id, written)
+            if call.rollout_id is not None and call.rollout_id in self._tokens:
+                self._tokens[call.rollout_id] += sum(call.tokens())
+
+        await self._then_note(op, note)
 
     async def tokens_used(self, rollout_id: str) -> int:
         """Tokens the rollout's calls used so far: one indexed read the first time (shared by concurrent callers),

@@ -388,3 +388,17 @@ async def test_a_response_head_past_the_cap_is_refused(pool: ConnectionPool) -> 
         with pytest.raises(ProtocolError, match="head exceeds"):
             await asyncio.wait_for(pool.request("POST", server.url(), [], b"{}"), 5)
     assert pool.open_connections == 0
+
+
+async def test_a_connection_lost_before_its_request_fails_at_once(pool: ConnectionPool) -> None:
+    # Review of issue #15: an upstream that wrote at accept (or closed at once) had the connection aborted before
+    # the request was sent; the exchange then waited for an answer nothing would give, read timeout or not.
+    async def greets(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+        await writer.drain()
+        await reader.read()
+
+    async with Server(greets) as server:
+        with pytest.raises((UpstreamDisconnected, ProtocolError)):
+            await asyncio.wait_for(pool.request("POST", server.url(), [], b"{}"), 5)
+    assert pool.open_connections == 0

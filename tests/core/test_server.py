@@ -580,3 +580,36 @@ async def test_the_query_string_is_forwarded_as_the_client_encoded_it(
         async with s.post(url, json=CHAT, headers=AUTH) as r:
             assert r.status == 200
     assert seen == ["/v1/chat/completions?a=%20b&c=d%26e&f=%2F"]
+
+
+async def test_a_keep_alive_connection_gets_503_while_the_shutdown_drains(
+    upstream: Callable[[Handler], Awaitable[str]], tmp_path: Path
+) -> None:
+    # Review of issue #15: during the drain the listening socket was closed but kept-alive connections were still
+    # served, and such flows were never cut.
+    reached = asyncio.Event()
+
+    async def queued(request: web.Request) -> web.StreamResponse:
+        reached.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    base = await upstream(queued)
+    config = write_config(tmp_path, {"m": [base]}, extra={"server": {"shutdown_timeout": 2.0}})
+    gateway = build_gateway(config, [])
+    await gateway.start()
+    url = gateway_url(gateway)
+    async with aiohttp.ClientSession() as s, aiohttp.ClientSession() as other:
+        async with other.get(url + "/healthz") as r:  # a kept-alive connection, idle
+            assert r.status == 200
+        stalled = asyncio.ensure_future(s.post(url + "/v1/chat/completions", json=CHAT, headers=AUTH))
+        await asyncio.wait_for(reached.wait(), 5)
+        stopping = asyncio.ensure_future(gateway.stop())
+        async with asyncio.timeout(5):
+            while not gateway._stopping:
+                await asyncio.sleep(0)
+        async with other.get(url + "/healthz") as r:
+            assert r.status == 503
+            assert (await r.json())["error"]["type"] == "shutting_down"
+        await stopping
+        assert (await stalled).status == 503

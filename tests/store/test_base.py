@@ -367,3 +367,21 @@ async def test_an_event_larger_than_max_event_bytes_is_a_413_and_nothing_is_writ
     with pytest.raises(PayloadTooLarge, match="at most 1000"):
         await store.add_events("r1", [EventSpec("note", "ok"), EventSpec("note", "x" * 2000)])
     assert await store.events("r1") == []
+
+
+async def test_what_the_store_keeps_of_a_write_holds_even_when_its_caller_stops_waiting(store: Store) -> None:
+    # Review of issue #15: a cancel whose client left while the write was queued committed the cancel, but the
+    # status cache still said running and the rollout-ended listeners never heard of it.
+    await running_rollout(store)
+    heard: list[str] = []
+    store.on_rollout_ended(heard.append)
+    cancelling = asyncio.ensure_future(store.cancel("r1"))
+    await asyncio.sleep(0)  # the write is queued (or done, in memory); then its caller goes away
+    cancelling.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelling
+    async with asyncio.timeout(5):
+        while not heard:  # the shielded write finishes on its own
+            await asyncio.sleep(0.01)
+    assert heard == ["r1"]
+    assert await store.rollout_status("r1") is RolloutStatus.CANCELLED
