@@ -74,6 +74,8 @@ class Gateway:
         self.port: int = 0
         self._access_log = config.log.access_log
         self._stopping = False
+        self.stopping = asyncio.Event()
+        """Set once `stop` began: from then on no new request is served."""
         self._flows: set[Flow] = set()  # in flight, for the shutdown to wait for and then cut
         self._idle = asyncio.Event()
 
@@ -136,6 +138,7 @@ class Gateway:
         clients get 503 `shutting_down`, their records say `aborted`). aiohttp alone would wait that long twice
         (once for the handlers, once more after cancelling them)."""
         self._stopping = True
+        self.stopping.set()
         if self._runner is not None:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.config.server.shutdown_timeout
@@ -348,7 +351,9 @@ class Gateway:
                     for t in transforms:
                         chunk = t(chunk)
                 if response.is_event_stream:
-                    if ended:  # after [DONE]: nothing but the end of the stream (and no more than a line of it)
+                    if (
+                        ended
+                    ):  # after [DONE]: nothing but the end of the stream (and no more than a line of it)
                         if len(pending or b"") < cap:
                             pending = (pending or b"") + chunk[: cap - len(pending or b"")]
                         continue

@@ -605,9 +605,7 @@ async def test_a_keep_alive_connection_gets_503_while_the_shutdown_drains(
         stalled = asyncio.ensure_future(s.post(url + "/v1/chat/completions", json=CHAT, headers=AUTH))
         await asyncio.wait_for(reached.wait(), 5)
         stopping = asyncio.ensure_future(gateway.stop())
-        async with asyncio.timeout(5):
-            while not gateway._stopping:
-                await asyncio.sleep(0)
+        await asyncio.wait_for(gateway.stopping.wait(), 5)
         async with other.get(url + "/healthz") as r:
             assert r.status == 503
             assert (await r.json())["error"]["type"] == "shutting_down"

@@ -374,14 +374,13 @@ async def test_what_the_store_keeps_of_a_write_holds_even_when_its_caller_stops_
     # status cache still said running and the rollout-ended listeners never heard of it.
     await running_rollout(store)
     heard: list[str] = []
-    store.on_rollout_ended(heard.append)
+    told = asyncio.Event()
+    store.on_rollout_ended(lambda rid: (heard.append(rid), told.set()))
     cancelling = asyncio.ensure_future(store.cancel("r1"))
-    await asyncio.sleep(0)  # the write is queued (or done, in memory); then its caller goes away
+    await asyncio.sleep(0)  # (one turn: the cancel starts and queues its write) then its caller goes away
     cancelling.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelling
-    async with asyncio.timeout(5):
-        while not heard:  # the shielded write finishes on its own
-            await asyncio.sleep(0.01)
+    await asyncio.wait_for(told.wait(), 5)  # the shielded write finishes on its own
     assert heard == ["r1"]
     assert await store.rollout_status("r1") is RolloutStatus.CANCELLED
