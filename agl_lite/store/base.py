@@ -256,14 +256,25 @@ class Store:
     async def _then_note(self, fn: Callable[[Repo], T], note: Callable[[T], object]) -> T:
         """`_write(fn)`, then `note(result)` even when the caller stopped waiting (its client left): the write
         commits anyway, and what this store keeps of it (status, totals, the rollout-ended listeners) must not
-        miss it."""
-
-        async def write_and_note() -> T:
+        miss it. The note is a callback of the write's own future (no task per write: this is every LLM call's
+        path), run before the caller resumes."""
+        fut = self._submit(fn)
+        if fut is None:  # a backend whose write does not suspend: nothing can come between it and the note
             result = await self._write(fn)
             note(result)
             return result
 
-        return await asyncio.shield(write_and_note())
+        def noted(done: asyncio.Future[T]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                note(done.result())
+
+        fut.add_done_callback(noted)
+        return await asyncio.shield(fut)
+
+    def _submit(self, fn: Callable[[Repo], T]) -> asyncio.Future[T] | None:
+        """A backend whose writes wait for a commit returns the write's future here (`_then_note`); None: use
+        `_write`."""
+        return None
 
     def on_rollout_ended(self, listener: Callable[[str], None]) -> None:
         """Call `listener(rollout_id)` once a rollout turned terminal through this store (the gateway then cuts

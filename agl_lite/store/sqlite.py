@@ -675,6 +675,9 @@ class SQLiteStore(Store):
         return self._submitted - self.ops
 
     async def _write(self, fn: Callable[[SQLiteRepo], T]) -> T:
+        return await self._submit(fn)
+
+    def _submit(self, fn: Callable[[SQLiteRepo], T]) -> asyncio.Future[T]:
         if self._writer is None:
             raise RuntimeError("SQLiteStore.open() was not awaited")
         if self._submitted - self.ops >= self._queue_size:
@@ -688,7 +691,7 @@ class SQLiteStore(Store):
             loop.call_soon(self._flush)
         pending.append((fn, fut, loop))
         self._submitted += 1
-        return await fut
+        return fut
 
     def _flush(self) -> None:
         """Commit this loop iteration's writes: here, or on the writer thread when it must or is busy (order kept)."""
