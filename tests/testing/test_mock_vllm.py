@@ -528,12 +528,13 @@ async def test_ttft_delays_the_first_chunk_after_headers(
 async def test_chunk_delay_spaces_the_chunks(mock: MockVLLM, base: str, http: aiohttp.ClientSession) -> None:
     mock.enqueue(Scenario(chunk_delay_s=0.05))
     loop = asyncio.get_running_loop()
+    # From before the request: the third chunk leaves the mock 2 x 0.05 s after the first, which leaves after the
+    # request was sent. (Timed from the first chunk's read, a late read made the gap look short: 0.0994 s.)
+    sent_at = loop.time()
     async with http.post(base + CHAT, json={"model": "smollm2", "messages": MSG, "stream": True}) as resp:
-        await next_event(resp)
-        first_at = loop.time()
-        await next_event(resp)
-        await next_event(resp)
-        assert loop.time() - first_at >= 0.1
+        for _ in range(3):
+            await next_event(resp)
+        assert loop.time() - sent_at >= 0.1
 
 
 async def test_mid_stream_error_frame_then_done(
