@@ -256,24 +256,18 @@ class Store:
     async def _then_note(self, fn: Callable[[Repo], T], note: Callable[[T], object]) -> T:
         """`_write(fn)`, then `note(result)` even when the caller stopped waiting (its client left): the write
         commits anyway, and what this store keeps of it (status, totals, the rollout-ended listeners) must not
-        miss it. The note is a callback of the write's own future (no task per write: this is every LLM call's
-        path), run before the caller resumes."""
-        fut = self._submit(fn)
+        miss it. The backend runs the note as the write settles, in commit order, before any caller resumes (no
+        task or shield per write: this is every LLM call's path)."""
+        fut = self._submit(fn, note)
         if fut is None:  # a backend whose write does not suspend: nothing can come between it and the note
             result = await self._write(fn)
             note(result)
             return result
+        return await fut
 
-        def noted(done: asyncio.Future[T]) -> None:
-            if not done.cancelled() and done.exception() is None:
-                note(done.result())
-
-        fut.add_done_callback(noted)
-        return await asyncio.shield(fut)
-
-    def _submit(self, fn: Callable[[Repo], T]) -> asyncio.Future[T] | None:
-        """A backend whose writes wait for a commit returns the write's future here (`_then_note`); None: use
-        `_write`."""
+    def _submit(self, fn: Callable[[Repo], T], note: Callable[[T], object]) -> asyncio.Future[T] | None:
+        """A backend whose writes wait for a commit queues `fn`, to run `note(result)` when it commits (even when
+        nobody awaits the future any more), and returns its future; None: the backend uses `_write` only."""
         return None
 
     def on_rollout_ended(self, listener: Callable[[str], None]) -> None:
@@ -596,13 +590,16 @@ class Store:
     async def _read_total(
         self, known: dict[str, int], reads: dict[str, asyncio.Future[int]], rollout_id: str, what: str
     ) -> int:
-        try:
-            # On the writer, in commit order: a write committed before is in `total`, one committed after finds the
-            # total known when it returns and adds itself, so none is counted twice or missed.
-            total: int = await self._write(lambda repo: getattr(repo, what)(rollout_id))
+        def keep(total: int) -> None:
             if len(known) >= self.max_cached_rollouts:
                 known.pop(next(iter(known)))
             known[rollout_id] = total
+
+        try:
+            # On the writer, and kept as it settles, in commit order: a write committed before is in `total`, one
+            # committed after finds the total known when its own note runs and adds itself, so none is counted
+            # twice or missed.
+            total: int = await self._then_note(lambda repo: getattr(repo, what)(rollout_id), keep)
             return total
         finally:
             reads.pop(rollout_id, None)

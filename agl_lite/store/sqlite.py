@@ -621,6 +621,7 @@ class SQLiteStore(Store):
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agl-sqlite-read")
         self._reader_conns: list[sqlite3.Connection] = []  # closed with the store, so that its WAL goes too
         self._read_gate = threading.Lock()
+        self._notes: dict[asyncio.Future[Any], Callable[[Any], object]] = {}  # (`_submit`, `_settle_all`)
         self._index = PrefixIndex()
         self._repo: SQLiteRepo  # the writer's, on the writer connection (`open`)
         self.commits = 0
@@ -677,7 +678,9 @@ class SQLiteStore(Store):
     async def _write(self, fn: Callable[[SQLiteRepo], T]) -> T:
         return await self._submit(fn)
 
-    def _submit(self, fn: Callable[[SQLiteRepo], T]) -> asyncio.Future[T]:
+    def _submit(
+        self, fn: Callable[[SQLiteRepo], T], note: Callable[[T], object] | None = None
+    ) -> asyncio.Future[T]:
         if self._writer is None:
             raise RuntimeError("SQLiteStore.open() was not awaited")
         if self._submitted - self.ops >= self._queue_size:
@@ -690,6 +693,8 @@ class SQLiteStore(Store):
         if not pending:
             loop.call_soon(self._flush)
         pending.append((fn, fut, loop))
+        if note is not None:
+            self._notes[fut] = note
         self._submitted += 1
         return fut
 
@@ -828,11 +833,10 @@ class SQLiteStore(Store):
         self.ops += len(batch)
         for scope, ref, ids in added:
             self._index.add(scope, ref, ids)
-        by_loop: dict[
-            asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, BaseException | None]]
-        ] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Settled]] = {}
+        notes = self._notes
         for fut, loop, value, error in results:
-            by_loop.setdefault(loop, []).append((fut, value, error))
+            by_loop.setdefault(loop, []).append((fut, value, error, notes.pop(fut, None)))
         running = asyncio._get_running_loop()
         for loop, settled in by_loop.items():  # one hand-off per batch and loop, not one per write
             if loop is running:
@@ -939,8 +943,18 @@ def _wal_bytes(path: str) -> int:
         return 0
 
 
-def _settle_all(settled: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
-    for fut, value, error in settled:
+_Settled = tuple[asyncio.Future[Any], Any, BaseException | None, Callable[[Any], object] | None]
+
+
+def _settle_all(settled: list[_Settled]) -> None:
+    """Each write's note (`Store._then_note`: what the store keeps of it), in commit order and before any waiter
+    resumes, also for a write whose caller stopped waiting; then the waiters' results."""
+    for fut, value, error, note in settled:
+        if note is not None and error is None:
+            try:
+                note(value)
+            except Exception as exc:  # a bug in a note must not keep the other writes' callers waiting
+                log.error("a store write's note failed", error=repr(exc), exc_info=exc)
         if fut.cancelled():
             continue
         if error is not None:
