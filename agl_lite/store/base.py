@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
@@ -34,9 +34,10 @@ from agl_lite.store.records import (
     RolloutStatus,
 )
 
-__all__ = ["STORE", "EventSpec", "Repo", "RolloutFilter", "RolloutSpec", "Store"]
+__all__ = ["STORE", "EventSpec", "Repo", "RolloutFilter", "RolloutSpec", "Store", "within_bytes"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 REWARD_KIND = "reward"
 LLM_CALL_KIND = "llm_call"
@@ -118,6 +119,21 @@ STORE: ServiceKey[Store] = ServiceKey("store")
 RESERVED_IDS = {"rollout": frozenset({"completed"}), "resource": frozenset({"latest"})}
 """Names the API's own routes take (`/api/rollouts/completed`, `/api/resources/latest`): a rollout or resource so
 named could never be read back."""
+
+
+def within_bytes(rows: Iterable[R], max_bytes: int | None, size: Callable[[R], int]) -> list[R]:
+    """The rows, in order, while their sizes add up to at most `max_bytes` (the first one always, so that a page
+    moves on); every row when `max_bytes` is None. What bounds a page of events or calls, in every backend."""
+    if max_bytes is None:
+        return list(rows)
+    out: list[R] = []
+    used = 0
+    for row in rows:
+        used += size(row)
+        if out and used > max_bytes:
+            break
+        out.append(row)
+    return out
 
 
 def _check_id(kind: str, value: str) -> str:

@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import orjson
 
-from agl_lite.store.base import RolloutFilter, Store
+from agl_lite.store.base import RolloutFilter, Store, within_bytes
 from agl_lite.store.records import (
     Attempt,
     Event,
@@ -109,7 +109,7 @@ class MemoryRepo:
         self, rollout_id: str, kind: str | None, after_seq: int, limit: int, max_bytes: int | None = None
     ) -> list[Event]:
         out = [copy.copy(e) for e in self._events[rollout_id] if e.seq > after_seq and kind in (None, e.kind)]
-        return _within(out[:limit], max_bytes)
+        return within_bytes(out[:limit], max_bytes, _size)
 
     def add_call(self, call: LLMCall) -> int:
         self._calls.append(copy.deepcopy(call))
@@ -138,7 +138,7 @@ class MemoryRepo:
             and attempt_id in (None, c.attempt_id)
             and c.order_key > after_order_key
         ]
-        return _within(out[:limit], max_bytes)
+        return within_bytes(out[:limit], max_bytes, _size)
 
     def last_resource_version(self, name: str) -> int:
         versions = self._resources[name]
@@ -181,19 +181,3 @@ def _size(record: Event | LLMCall) -> int:
         return len(orjson.dumps(record.to_json()))
     ids = len(record.prompt_token_ids or ()) + sum(len(c.token_ids) for c in record.choices)
     return len(orjson.dumps(record.to_json(with_ids=False))) + 4 * ids
-
-
-R = TypeVar("R", Event, LLMCall)
-
-
-def _within(records: list[R], max_bytes: int | None) -> list[R]:
-    if max_bytes is None:
-        return records
-    out: list[R] = []
-    used = 0
-    for record in records:
-        used += _size(record)
-        if out and used > max_bytes:
-            break
-        out.append(record)
-    return out

@@ -15,7 +15,7 @@ import threading
 import time
 import zlib
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -25,7 +25,7 @@ import structlog
 
 from agl_lite.errors import ConfigError, HttpError, InsufficientStorage, InternalError, ServiceUnavailable
 from agl_lite.store import codec
-from agl_lite.store.base import RolloutFilter, Store
+from agl_lite.store.base import RolloutFilter, Store, within_bytes
 from agl_lite.store.records import (
     Attempt,
     Event,
@@ -329,8 +329,8 @@ class SQLiteRepo:
             sql += " AND kind = ?"
             args.append(kind)
         rows = self.conn.execute(sql + " ORDER BY seq LIMIT ?", (*args, limit))
-        blobs = [b for (b,) in rows] if max_bytes is None else _within(rows, max_bytes, lambda r: len(r[0]))
-        return [codec.event_from_json(_load(b[0] if isinstance(b, tuple) else b)) for b in blobs]
+        page = within_bytes(rows, max_bytes, lambda row: len(row[0]))
+        return [codec.event_from_json(_load(b)) for (b,) in page]
 
     # --- calls and token ids -------------------------------------------------------------------------------------
 
@@ -438,7 +438,7 @@ class SQLiteRepo:
             sql += " AND attempt_id = ?"
             args.append(attempt_id)
         cursor = self.conn.execute(sql + " ORDER BY order_key LIMIT ?", (*args, limit))
-        rows = cursor.fetchall() if max_bytes is None else _within(cursor, max_bytes, _call_row_bytes)
+        rows = within_bytes(cursor, max_bytes, _call_row_bytes)
         memo: dict[int, array[int]] = {}
         fetched = {row[0]: row[1:6] for row in rows}  # a prompt's parent is often an earlier row of this page
 
@@ -918,18 +918,6 @@ class SQLiteStore(Store):
             return repo.token_bytes()
         finally:
             repo.conn.close()
-
-
-def _within(rows: Iterable[Any], max_bytes: int, size: Callable[[Any], int]) -> list[Any]:
-    """The rows, in order, while their sizes add up to at most `max_bytes` (the first one always: a page moves on)."""
-    out: list[Any] = []
-    used = 0
-    for row in rows:
-        used += size(row)
-        if out and used > max_bytes:
-            break
-        out.append(row)
-    return out
 
 
 def _call_row_bytes(row: tuple[Any, ...]) -> int:
