@@ -431,21 +431,12 @@ class Gateway:
         await self._fail(flow, err, ended)
         response = flow.response
         assert response is not None
+        frame = None
         if response.is_event_stream and not ended:
             # In-band, as vLLM itself reports errors mid-stream: the SDKs raise it as an APIError. It goes
             # through the transforms like any event, so a translating addon speaks its client's dialect.
             frame = _through(response.transforms, b"data: " + json.dumps(err.body()).encode() + b"\n\n")
-            if not out.prepared:
-                await out.prepare(request)
-            await _write_quietly(out, frame)
-            await _write_eof_quietly(out)
-        elif not out.prepared:  # nothing of the body left yet: the error is the answer
-            flow.response = error_response(err)
-            return await self._send_short(request, flow, end_hooks=False)
-        elif request.transport is not None:
-            # A plain body cannot signal an error once its status went out: cut the connection instead.
-            request.transport.close()
-        return out
+        return await self._end_with(request, flow, out, err, frame)
 
     async def _refuse(
         self, request: web.BaseRequest, flow: Flow, out: web.StreamResponse, *, flushed: bool
@@ -455,18 +446,29 @@ class Gateway:
         err, response = flow.error, flow.response
         assert err is not None
         assert response is not None
-        if response.is_event_stream:
-            frame = _refusal(response.transforms, err, flushed=flushed)
+        frame = _refusal(response.transforms, err, flushed=flushed) if response.is_event_stream else None
+        return await self._end_with(request, flow, out, err, frame)
+
+    async def _end_with(
+        self,
+        request: web.BaseRequest,
+        flow: Flow,
+        out: web.StreamResponse,
+        err: HttpError,
+        frame: bytes | None,
+    ) -> web.StreamResponse:
+        """End the response with `err`: as the stream's last event (`frame`), as the answer itself when no byte of
+        the body left yet, or else by cutting the connection (a body whose status went out cannot say more)."""
+        if frame is not None:
             if not out.prepared:
                 await out.prepare(request)
             flow.bytes_to_client += len(frame)
             await _write_quietly(out, frame)
             await _write_eof_quietly(out)
-            return out
-        if not out.prepared:  # not a byte of the body left: the error is the answer
+        elif not out.prepared:
             flow.response = error_response(err)
             return await self._send_short(request, flow, end_hooks=False)
-        if request.transport is not None:  # part of the body left: only a cut connection says it is not whole
+        elif request.transport is not None:
             request.transport.close()
         return out
 
