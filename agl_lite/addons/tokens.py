@@ -21,12 +21,7 @@ from agl_lite.errors import TooManyRequests
 from agl_lite.store.base import STORE, Store
 from agl_lite.store.records import LLMCall
 
-__all__ = ["Tokens", "call_tokens"]
-
-
-def call_tokens(call: LLMCall) -> tuple[int, int]:
-    """(prompt, completion) tokens of a captured call: its usage, else the ids it received."""
-    return call.tokens()
+__all__ = ["Tokens"]
 
 
 class Tokens:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import openai
 import pytest
 
-from agl_lite.addons.tokens import Tokens, call_tokens
+from agl_lite.addons.tokens import Tokens
 from agl_lite.core.keys import derive_key
 from agl_lite.core.server import Gateway
 from agl_lite.store.base import STORE, RolloutSpec, Store
@@ -28,7 +28,7 @@ def test_call_tokens_prefers_usage_and_falls_back_to_ids() -> None:
         api="chat",
         usage={"prompt_tokens": 10, "completion_tokens": 4},
     )
-    assert call_tokens(call) == (10, 4)
+    assert call.tokens() == (10, 4)
     cut = LLMCall(
         id="c",
         order_key=1,
@@ -37,7 +37,7 @@ def test_call_tokens_prefers_usage_and_falls_back_to_ids() -> None:
         prompt_token_ids=array("I", range(7)),
         choices=[ChoiceRecord(0, token_ids=array("I", [1, 2]))],
     )
-    assert call_tokens(cut) == (7, 2)
+    assert cut.tokens() == (7, 2)
 
 
 @dataclass
