@@ -778,10 +778,12 @@ class SQLiteStore(Store):
                 handed += 1
             with self._lock:
                 self._commit_batch(batch, wait=True)
-                if not self._inline:  # (FULL: every commit is the thread's, and so are the checkpoints)
-                    thread_commits += 1
-                    if thread_commits % CHECKPOINT_EVERY == 0 and _wal_bytes(self.path) > WAL_LIMIT:
-                        self._truncate_wal(self._conn)
+                # Commits made here count for the WAL's bound too: every one under FULL, and under NORMAL those
+                # handed over (a lock, a busy writer). Counted on the loop only, a loaded box whose commits stayed
+                # on the thread never checkpointed again, and its WAL grew without bound.
+                thread_commits += 1
+                if thread_commits % CHECKPOINT_EVERY == 0 and _wal_bytes(self.path) > WAL_LIMIT:
+                    self._truncate_wal(self._conn)
             self._thread_done += handed
         if checkpointer is not None:
             checkpointer.close()
