@@ -98,6 +98,12 @@ class AgentRunner:
             "Paths local agents may write besides their own HOME, TMPDIR and AGL_RESULT_DIR, relative to the "
             "config file (with `namespaces` everything else is read-only).",
         )
+        preload: tuple[str, ...] = option(
+            (),
+            'Local backend: Python modules a fork server imports once (e.g. `["openai"]`); an agent command of '
+            "the form `PYTHON SCRIPT.py ...` then starts as a fork of it, confined as any other, instead of a "
+            "fresh interpreter (docs/runners.md). Empty: every step is a fresh process.",
+        )
         k8s: Mapping[str, Any] = option({}, "Options of the `k8s` backend (docs/controller.md).")
 
     runner: Runner | None = None
@@ -136,6 +142,7 @@ class AgentRunner:
             output_tail_bytes=o.output_tail_bytes,
             isolation=o.isolation,
             writable=tuple((config.base_dir / w).resolve() for w in o.writable),
+            preload=o.preload,
             private_paths=self._ctx.private_paths,
             config_file=config.source,
         )

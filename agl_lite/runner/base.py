@@ -136,6 +136,8 @@ class RunnerSettings:
     """How local processes are confined (`agl_lite.runner.sandbox`); `none` only where that cannot run."""
     writable: tuple[Path, ...] = ()
     """Paths local agents may write besides their own directories (with `namespaces`, all else is read-only)."""
+    preload: tuple[str, ...] = ()
+    """Modules a fork server imports once for Python agents (`runner/forkserver.py`); empty: no fork server."""
     private_paths: Collection[Path] = ()
     """Files no local agent may read (the store, key files, the config), read at each launch: addons add to it
     while they are configured."""

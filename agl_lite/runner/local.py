@@ -22,9 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from agl_lite.errors import ConfigError
 from agl_lite.runner.base import Launch, Outcome, RunnerSettings, RunnerStore
 from agl_lite.runner.env import process_env
+from agl_lite.runner.forkserver import ForkServer, ForkServerError, fork_eligible
 from agl_lite.runner.process import Exit, GroupProcess
 from agl_lite.runner.programs import cannot_start
 from agl_lite.runner.sandbox import CANNOT_EXEC, SETUP_FAILED
@@ -38,6 +41,8 @@ SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 SECRET_VARS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AGL_GRADER_KEY")
 REDACTED = "[redacted]"
+
+log = structlog.get_logger("agl_lite.runner")
 
 
 @dataclass(slots=True)
@@ -62,6 +67,7 @@ class LocalBackend:
         self._runs: dict[str, _Run] = {}
         self._closed = False
         self._base: Path | None = None
+        self._forks: dict[str, ForkServer] = {}
 
     async def open(self, store: RunnerStore, runner_id: str) -> None:
         """With namespaces: check once that they can be set up here, so that no rollout fails for it."""
@@ -95,17 +101,42 @@ class LocalBackend:
             self._base = Path(tempfile.mkdtemp(prefix="agl-runs-"))
         return self._base
 
-    def _sandboxed(self, argv: Sequence[str], own: Sequence[Path], writable: Sequence[Path]) -> list[str]:
+    def _spec(self, own: Sequence[Path], writable: Sequence[Path]) -> dict[str, Any]:
         private = []
         for path in self.settings.private_paths:
             private += [path, *(path.with_name(path.name + side) for side in SQLITE_SIDE_FILES)]
-        spec = {
+        return {
             "own": [str(p) for p in (*own, *writable)],
             "mask_dirs": [str(self._base_dir())],
             "mask_files": sorted({str(p) for p in private if p.is_file()}),
             "runner_pid": os.getpid(),
         }
+
+    def _sandboxed(self, argv: Sequence[str], own: Sequence[Path], writable: Sequence[Path]) -> list[str]:
+        spec = self._spec(own, writable)
         return [_sandbox_python(), "-I", "-S", str(SANDBOX), json.dumps(spec), *argv]
+
+    async def _start(
+        self, argv: Sequence[str], env: Mapping[str, str], own: Sequence[Path], sandboxed: bool
+    ) -> GroupProcess:
+        """The step's process: forked by the fork server of its interpreter when `preload` asks for one and the
+        command is a Python script, else started fresh (also when the fork server cannot be had)."""
+        s = self.settings
+        if s.preload and fork_eligible(argv):
+            server = self._forks.get(argv[0])
+            if server is None:
+                base_env = {k: os.environ[k] for k in s.pass_env if k in os.environ}
+                server = self._forks[argv[0]] = ForkServer(argv[0], s.preload, env=base_env, cwd=s.workdir)
+            try:
+                spec = self._spec(own, s.writable) if sandboxed else None
+                return await server.spawn(
+                    argv, env=env, cwd=s.workdir, sandbox=spec, tail_bytes=s.output_tail_bytes
+                )
+            except ForkServerError as exc:
+                log.warning("fork server unavailable; starting the step as a fresh process", error=str(exc))
+        if sandboxed:
+            argv = self._sandboxed(argv, own, s.writable)
+        return await GroupProcess.start(argv, env=env, cwd=s.workdir, tail_bytes=s.output_tail_bytes)
 
     async def reconcile(self, running: Sequence[tuple[Rollout, list[Attempt]]]) -> None:
         """Nothing to do: a process this backend started ends with its launch, so the core knows all of them."""
@@ -186,15 +217,11 @@ class LocalBackend:
                 message=f"{name}: cannot start {argv[0]!r}: {program_error}",
                 retryable=False,
             )
-        if sandboxed:
-            mine = [step.attempt_dir / name]
-            if "AGL_RESULT_DIR" in contract:
-                mine.append(Path(contract["AGL_RESULT_DIR"]))
-            argv = self._sandboxed(argv, mine, self.settings.writable)
+        mine = [step.attempt_dir / name]
+        if "AGL_RESULT_DIR" in contract:
+            mine.append(Path(contract["AGL_RESULT_DIR"]))
         try:
-            proc = await GroupProcess.start(
-                argv, env=env, cwd=self.settings.workdir, tail_bytes=self.settings.output_tail_bytes
-            )
+            proc = await self._start(argv, env, mine, sandboxed)
         except OSError as exc:
             return Outcome(
                 AttemptStatus.FAILED,
@@ -244,6 +271,9 @@ class LocalBackend:
     async def close(self) -> None:
         self._closed = True
         await asyncio.gather(*(self._stop(rid, AttemptStatus.LOST) for rid in list(self._runs)))
+        for server in self._forks.values():
+            await server.close()
+        self._forks.clear()
         if self._base is not None and not self._runs:
             shutil.rmtree(self._base, ignore_errors=True)
 

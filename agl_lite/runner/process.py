@@ -12,6 +12,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 __all__ = ["Exit", "GroupProcess", "OutputTail"]
 
@@ -54,17 +55,28 @@ class Exit:
     output_bytes: int
 
 
+class Waitable(Protocol):
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    async def wait(self) -> int: ...
+
+
 class GroupProcess:
     """`await GroupProcess.start(argv, env=..., cwd=...)`, then `await proc.wait(timeout_s, grace_s)`; `stop()` may
     be called from another task meanwhile. Cancelling `wait` kills the process group at once."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, tail: OutputTail) -> None:
+    def __init__(self, proc: Waitable, tail: OutputTail, stdout: asyncio.StreamReader | None = None) -> None:
+        """`proc`: a subprocess, or what stands for one (the fork server's child); `stdout`: where its output is
+        read (the subprocess's own pipe when None)."""
         self._proc = proc
         self._tail = tail
         self._stopped = False
         self._stopping: asyncio.Task[None] | None = None
-        assert proc.stdout is not None
-        self._reader = asyncio.ensure_future(self._read(proc.stdout))
+        stream = stdout if stdout is not None else getattr(proc, "stdout", None)
+        assert stream is not None
+        self._reader = asyncio.ensure_future(self._read(stream))
 
     @classmethod
     async def start(

@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 SETUP_FAILED = 125
@@ -121,10 +122,13 @@ def _drop_privileges() -> None:
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
-def _exec(argv: list[str], report: int) -> NoReturn:
+def _exec(argv: list[str], report: int, run: Run | None) -> NoReturn:
     try:
         os.setsid()  # signals reach it through init, which forwards them to every process of the attempt
         _drop_privileges()
+        if run is not None:
+            os.close(report)
+            run(argv)
         os.execvpe(argv[0], argv, os.environ)
     except SetupError as exc:
         os.write(report, json.dumps({"setup": str(exc)}).encode())
@@ -133,7 +137,11 @@ def _exec(argv: list[str], report: int) -> NoReturn:
     os._exit(CANNOT_EXEC)
 
 
-def _init(spec: dict[str, Any], argv: list[str], report: int) -> NoReturn:
+Run = Callable[[list[str]], NoReturn]
+"""What the command's process does instead of exec (the fork server: run a Python script in this interpreter)."""
+
+
+def _init(spec: dict[str, Any], argv: list[str], report: int, run: Run | None = None) -> NoReturn:
     """PID 1 of the attempt: start the command, forward signals to every process, reap, and when the command
     ends kill whatever it left behind; its status goes to `report`."""
     try:
@@ -146,7 +154,7 @@ def _init(spec: dict[str, Any], argv: list[str], report: int) -> NoReturn:
     os.set_inheritable(child_report, False)
     child = os.fork()
     if child == 0:
-        _exec(argv, child_report)
+        _exec(argv, child_report, run)
     os.close(child_report)
     for sig in _FORWARDED:
         signal.signal(sig, lambda signum, _frame: _kill_all(signum))
@@ -180,8 +188,12 @@ def _fail(message: str) -> NoReturn:
 
 
 def main() -> NoReturn:
-    spec = json.loads(sys.argv[1])
-    argv = sys.argv[2:]
+    confine(json.loads(sys.argv[1]), sys.argv[2:])
+
+
+def confine(spec: dict[str, Any], argv: list[str], run: Run | None = None) -> NoReturn:
+    """Run `argv` in the sandbox `spec` describes and exit as it exited (this process stays outside, as the
+    runner's handle on the attempt)."""
     read_end, write_end = os.pipe()
     try:
         # A runner that dies (even by SIGKILL) takes its attempts with it: nothing outlives the runner.
@@ -199,7 +211,7 @@ def main() -> NoReturn:
         os.close(read_end)
         for sig in _FORWARDED:
             signal.signal(sig, signal.SIG_DFL)
-        _init(spec, argv, write_end)
+        _init(spec, argv, write_end, run)
     os.close(write_end)
     chunks = []
     while chunk := os.read(read_end, 65536):

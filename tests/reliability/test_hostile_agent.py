@@ -1,8 +1,9 @@
 """Issue #15 C1: a hostile agent started by the local runner of a real `agl-lite run` process tries every way open
 to it to the admin key, another rollout's grader key and reference answer, and to a process that outlives its
 attempt. Run with the gateway as root and as an unprivileged user (`nobody`, when the suite runs as root; the user
-running the suite otherwise). The same agent with `isolation = "none"` finds the other rollout's grader key: the
-scan is not blind, the sandbox is what stops it.
+running the suite otherwise), and with both agents started fresh or forked from the runner's fork server (the
+hostile one then also scans the memory it inherited from the server, which B's key never entered). The same agent
+with `isolation = "none"` finds the other rollout's grader key: the scan is not blind, the sandbox is what stops it.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ from tests.reliability.gateway_process import gateway_processes, start_gateway
 from tests.runner.probe import Probe, exited, marked_pids, running_probe
 
 HOSTILE = r"""
+import sys
+forked = "xml.dom.minidom" in sys.modules  # preloaded by the fork server only
 import json, os, re, subprocess, urllib.request
 task = json.loads(os.environ["AGL_TASK_INPUT"])
 loot = bytearray()
-stats = {"pids": 0, "files": 0, "mem_bytes": 0}
+stats = {"pids": 0, "files": 0, "mem_bytes": 0, "forked": forked}
 
 def grab(path, limit=4 << 20):
     try:  # non-blocking: a pipe or a FIFO would hold the scan forever
@@ -111,7 +114,7 @@ def _users() -> list[str]:
 
 
 async def _attack(
-    user: str, isolation: str, probe: Probe, *, key_in_file: bool
+    user: str, isolation: str, probe: Probe, *, key_in_file: bool, fork: bool = False
 ) -> tuple[Found, dict[str, str]]:
     """Rollout B (graded: its grader holds its key while it waits on the probe), then the hostile rollout A; what
     A read, and B's secrets to look for in it."""
@@ -121,6 +124,7 @@ async def _attack(
     loot_dir.mkdir()
     admin_key = secrets.token_hex(32)
     (top / "agent.py").write_text(HOSTILE)
+    (top / "b.py").write_text("print('B was here')\n")
     (top / "grader.sh").write_text(WAITING_GRADER)
     runner: dict[str, Any] = {
         "isolation": isolation,
@@ -129,6 +133,8 @@ async def _attack(
         "env": {"PROBE": probe.url},
         "workdir": str(top),
     }
+    if fork:  # both agents, B's first, are forks of one fork server (runner/forkserver.py)
+        runner["preload"] = ["xml.dom.minidom"]
     doc = {
         "server": {"host": "127.0.0.1", "port": 0},
         "log": {"format": "json"},
@@ -164,7 +170,7 @@ async def _attack(
                             {"q": "b"},
                             metadata={"reference": "REFERENCE-OF-B-" + secrets.token_hex(8)},
                             config=RolloutConfig(
-                                runner={"command": ["true"]},
+                                runner={"command": [agent_python, str(top / "b.py")] if fork else ["true"]},
                                 grader={"command": ["/bin/sh", str(top / "grader.sh")]},
                             ),
                         )
@@ -236,10 +242,12 @@ async def probe() -> AsyncIterator[Probe]:
 
 @pytest.mark.parametrize("user", _users())
 @pytest.mark.parametrize("key_in_file", [False, True], ids=["key-in-env", "key-in-file"])
+@pytest.mark.parametrize("fork", [False, True], ids=["fresh", "forked"])
 async def test_a_hostile_local_agent_reaches_no_key_no_other_rollout_and_leaves_nothing_behind(
-    user: str, key_in_file: bool, probe: Probe
+    user: str, key_in_file: bool, fork: bool, probe: Probe
 ) -> None:
-    found, wanted = await _attack(user, "namespaces", probe, key_in_file=key_in_file)
+    found, wanted = await _attack(user, "namespaces", probe, key_in_file=key_in_file, fork=fork)
+    assert found.stats["forked"] is fork
     assert wanted["A's own agent key"].encode() in found.loot  # its own env: the scan reads what it can
     assert found.stats["files"] > 10
     leaked = [
