@@ -21,8 +21,11 @@ from agl_lite.testing.mock_vllm_generate import ChoiceOutput, GenParams, generat
 from agl_lite.testing.mock_vllm_http import (
     ApiError,
     RecordedRequest,
+    chat_messages,
     check_model,
+    choice_count,
     error_response,
+    gen_params,
     int_field,
     json_response,
     read_json,
@@ -157,54 +160,7 @@ class MockVLLM:
         return scenario
 
     def _gen_params(self, body: dict[str, Any], prompt_ids: Sequence[int], endpoint: str) -> GenParams:
-        max_tokens = int_field(body, "max_completion_tokens", None) or int_field(body, "max_tokens", None)
-        if max_tokens is not None and max_tokens > self.max_model_len:
-            raise ApiError(
-                400,
-                f"max_tokens={max_tokens} cannot be greater than max_model_len={self.max_model_len}. Please "
-                f"request fewer output tokens. (parameter=max_tokens, value={max_tokens})",
-                "max_tokens",
-            )
-        if max_tokens is not None and max_tokens < 1:
-            raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
-        room, n_in = self.max_model_len - len(prompt_ids), len(prompt_ids)
-        if room < 1:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {self.max_model_len} tokens. However, your request has "
-                f"{n_in} input tokens. Please reduce the length of the input messages. "
-                f"(parameter=input_tokens, value={n_in})",
-                "input_tokens",
-            )
-        if max_tokens is not None and max_tokens > room:
-            raise ApiError(
-                400,
-                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum context "
-                f"length is {self.max_model_len} tokens and your request has {n_in} input tokens "
-                f"({max_tokens} > {self.max_model_len} - {n_in}). (parameter=max_tokens, value={max_tokens})",
-                "max_tokens",
-            )
-        stop = body.get("stop") or []
-        stops = [stop] if isinstance(stop, str) else [str(s) for s in stop]
-        if endpoint == "chat":
-            want_lp, top_k = bool(body.get("logprobs")), int_field(body, "top_logprobs", 0) or 0
-        else:
-            k = int_field(body, "logprobs", None)
-            want_lp, top_k = k is not None, k or 0
-        tools = body.get("tools") or []
-        return GenParams(
-            prompt_ids=prompt_ids,
-            max_tokens=max_tokens or room,
-            stop=stops,
-            mock_seed=self.seed,
-            request_seed=int_field(body, "seed", None),
-            greedy=body.get("temperature") == 0,
-            logprobs=want_lp,
-            top_k=top_k,
-            tools=tools if isinstance(tools, list) else [],
-            tool_choice=body.get("tool_choice"),
-            endpoint=endpoint,
-        )
+        return gen_params(body, prompt_ids, endpoint, max_model_len=self.max_model_len, seed=self.seed)
 
     def _envelope(self, prefix: str, model: str, prompt_ids: Sequence[int], body: dict[str, Any]) -> Envelope:
         params_lp = body.get("logprobs")
@@ -258,15 +214,9 @@ class MockVLLM:
     async def _generation(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         body = await read_json(request, self.record)
         model = check_model(self.served_models, body)
-        n = int_field(body, "n", None)
-        n = 1 if n is None else n
-        if n < 1:
-            raise ApiError(400, f"n must be at least 1, got {n}.", "n")
+        n = choice_count(body)
         if endpoint == "chat":
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-                raise ApiError(400, "messages must be a list of message objects", "messages")
-            add_gen = body.get("add_generation_prompt", True) is not False
+            messages, add_gen = chat_messages(body)
             prompts = [self.tokenizer.chat_prompt_ids(messages, add_gen)]
         else:
             prompts = self._completion_prompts(body)

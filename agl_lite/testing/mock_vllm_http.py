@@ -12,13 +12,17 @@ from typing import Any
 
 from aiohttp import web
 
+from agl_lite.testing.mock_vllm_generate import GenParams
 from agl_lite.testing.mock_vllm_scenario import ErrorReply
 
 __all__ = [
     "ApiError",
     "RecordedRequest",
+    "chat_messages",
     "check_model",
+    "choice_count",
     "error_response",
+    "gen_params",
     "int_field",
     "json_response",
     "read_json",
@@ -72,6 +76,77 @@ async def read_json(request: web.Request, record: Callable[[RecordedRequest], No
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
     return body
+
+
+def choice_count(body: dict[str, Any]) -> int:
+    n = int_field(body, "n", None)
+    n = 1 if n is None else n
+    if n < 1:
+        raise ApiError(400, f"n must be at least 1, got {n}.", "n")
+    return n
+
+
+def chat_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
+    """A chat request's messages and whether the template adds the generation prompt."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise ApiError(400, "messages must be a list of message objects", "messages")
+    return messages, body.get("add_generation_prompt", True) is not False
+
+
+def gen_params(
+    body: dict[str, Any], prompt_ids: Sequence[int], endpoint: str, *, max_model_len: int, seed: int = 0
+) -> GenParams:
+    """The sampling parameters of one prompt, or the ApiError vLLM answers for them (`max_tokens` out of range,
+    a prompt that fills the context)."""
+    max_tokens = int_field(body, "max_completion_tokens", None) or int_field(body, "max_tokens", None)
+    if max_tokens is not None and max_tokens > max_model_len:
+        raise ApiError(
+            400,
+            f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. Please "
+            f"request fewer output tokens. (parameter=max_tokens, value={max_tokens})",
+            "max_tokens",
+        )
+    if max_tokens is not None and max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+    room, n_in = max_model_len - len(prompt_ids), len(prompt_ids)
+    if room < 1:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{n_in} input tokens. Please reduce the length of the input messages. "
+            f"(parameter=input_tokens, value={n_in})",
+            "input_tokens",
+        )
+    if max_tokens is not None and max_tokens > room:
+        raise ApiError(
+            400,
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum context "
+            f"length is {max_model_len} tokens and your request has {n_in} input tokens "
+            f"({max_tokens} > {max_model_len} - {n_in}). (parameter=max_tokens, value={max_tokens})",
+            "max_tokens",
+        )
+    stop = body.get("stop") or []
+    stops = [stop] if isinstance(stop, str) else [str(s) for s in stop]
+    if endpoint == "chat":
+        want_lp, top_k = bool(body.get("logprobs")), int_field(body, "top_logprobs", 0) or 0
+    else:
+        k = int_field(body, "logprobs", None)
+        want_lp, top_k = k is not None, k or 0
+    tools = body.get("tools") or []
+    return GenParams(
+        prompt_ids=prompt_ids,
+        max_tokens=max_tokens or room,
+        stop=stops,
+        mock_seed=seed,
+        request_seed=int_field(body, "seed", None),
+        greedy=body.get("temperature") == 0,
+        logprobs=want_lp,
+        top_k=top_k,
+        tools=tools if isinstance(tools, list) else [],
+        tool_choice=body.get("tool_choice"),
+        endpoint=endpoint,
+    )
 
 
 def check_model(served: Sequence[str], body: dict[str, Any]) -> str:
