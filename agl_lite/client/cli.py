@@ -30,11 +30,11 @@ from agl_lite.client.errors import (
     ConnectionFailed,
     ForbiddenError,
 )
-from agl_lite.client.export import ExportStats, export_calls
+from agl_lite.client.export import export_calls
 from agl_lite.client.progress import counter, progress_bar
 from agl_lite.client.retry import RetryPolicy
 from agl_lite.client.settings import Timeouts
-from agl_lite.client.writers import open_writer
+from agl_lite.client.writers import RowWriter, open_writer
 from agl_lite.errors import ConfigError
 from agl_lite.store.records import RolloutConfig, RolloutStatus
 
@@ -101,6 +101,11 @@ class PauseMode(StrEnum):
 class ExportFormat(StrEnum):
     JSONL = "jsonl"
     PARQUET = "parquet"
+
+
+class ExportRows(StrEnum):
+    CALLS = "calls"
+    TRAJECTORIES = "trajectories"
 
 
 @dataclass(frozen=True, slots=True)
@@ -536,50 +541,86 @@ def export(
         bool, typer.Option("--all-outcomes", help="Also calls whose response did not fully reach the agent.")
     ] = False,
     page_size: Annotated[int, typer.Option(min=1, max=1000, help="Rollouts and calls per request.")] = 100,
+    rows: Annotated[
+        ExportRows,
+        typer.Option(
+            help="calls: one row per call and choice; trajectories: the merged rows a trainer sees, with their "
+            "response mask, logprobs, reward and GRPO advantage."
+        ),
+    ] = ExportRows.CALLS,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
-    """Write one row per LLM call (and choice): ids, logprobs, reward, model version, messages. Streams page by
-    page, so memory stays flat; parquet needs the pyarrow extra.
+    """Write one row per LLM call (and choice): ids, logprobs, reward, model version, messages; or, with `--rows
+    trajectories`, one row per training sequence (docs/client.md). Streams page by page, so memory stays flat;
+    parquet needs the pyarrow extra.
 
     Example: agl-client export --status succeeded --format parquet calls.parquet
     """
     fmt = fmt or (ExportFormat.PARQUET if out.suffix == ".parquet" else ExportFormat.JSONL)
     opts: Options = ctx.obj
 
+    async def run(
+        client: AglLiteClient, writer: RowWriter, progress: Callable[[Any], None]
+    ) -> dict[str, Any]:
+        if rows is ExportRows.TRAJECTORIES:
+            from agl_lite.integrations.export import export_trajectories
+
+            t = await export_trajectories(
+                client,
+                writer,
+                status=status,
+                mode=mode,
+                group_id=group_id,
+                page_size=page_size,
+                progress=progress,
+            )
+            what = f"{t.rows:,} trajectory rows ({t.rollouts:,} rollouts, {t.groups:,} groups)"
+            return {
+                "rows": t.rows,
+                "rollouts": t.rollouts,
+                "groups": t.groups,
+                "split_groups": t.split_groups,
+                "": what,
+            }
+        c = await export_calls(
+            client,
+            writer,
+            status=status,
+            mode=mode,
+            group_id=group_id,
+            only_ok=not all_outcomes,
+            page_size=page_size,
+            progress=progress,
+        )
+        return {
+            "rows": c.rows,
+            "calls": c.calls,
+            "rollouts": c.rollouts,
+            "": f"{c.rows:,} rows ({c.calls:,} calls, {c.rollouts:,} rollouts)",
+        }
+
     async def work(client: AglLiteClient) -> None:
         await client.health()  # unreachable: fail before creating the file
-        writer = open_writer(out, fmt.value)
+        writer = open_writer(out, fmt.value, rows=rows.value)
         started = time.monotonic()
         ok = False
         try:
             with counter(_stderr(), "rows", enabled=opts.progress) as bar:
                 task = bar.add_task("exporting", total=None, detail="0 rollouts")
 
-                def progress(stats: ExportStats) -> None:
+                def progress(stats: Any) -> None:
                     bar.update(task, completed=stats.rows, detail=f"{stats.rollouts:,} rollouts")
 
-                stats = await export_calls(
-                    client,
-                    writer,
-                    status=status,
-                    mode=mode,
-                    group_id=group_id,
-                    only_ok=not all_outcomes,
-                    page_size=page_size,
-                    progress=progress,
-                )
+                summary = await run(client, writer, progress)
             ok = True
         finally:
             writer.close(ok=ok)
         seconds = time.monotonic() - started
-        summary = {"rows": stats.rows, "calls": stats.calls, "rollouts": stats.rollouts, "seconds": seconds}
+        what = summary.pop("")
         if as_json:
-            render.print_json({**summary, "path": str(out), "format": fmt.value})
+            render.print_json({**summary, "seconds": seconds, "path": str(out), "format": fmt.value})
         else:
-            typer.echo(
-                f"exported {stats.rows:,} rows ({stats.calls:,} calls, {stats.rollouts:,} rollouts)"
-                f" to {out} in {seconds:.1f} s"
-            )
+            typer.echo(f"exported {what} to {out} in {seconds:.1f} s")
 
     _run(ctx, work)
 

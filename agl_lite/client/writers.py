@@ -71,17 +71,36 @@ def _pyarrow() -> tuple[Any, Any]:
         ) from None
 
 
-_LIST_COLUMNS = {"prompt_ids": "I", "response_ids": "I", "logprobs": "f"}
+_LIST_COLUMNS = {"prompt_ids": "I", "response_ids": "I", "logprobs": "f", "response_mask": "B"}
+
+
+def _trajectory_schema(pa: Any) -> list[tuple[str, Any]]:
+    return [
+        ("rollout_id", pa.string()),
+        ("group_id", pa.string()),
+        ("model_version", pa.string()),
+        ("calls", pa.list_(pa.string())),
+        ("prompt_ids", pa.list_(pa.uint32())),
+        ("response_ids", pa.list_(pa.uint32())),
+        ("response_mask", pa.list_(pa.uint8())),
+        ("logprobs", pa.list_(pa.float32())),
+        ("reward", pa.float64()),
+        ("rollout_reward", pa.float64()),
+        ("advantage", pa.float64()),
+    ]
 
 
 class ParquetWriter:
-    """Columns as in the JSONL rows; token ids `list<uint32>`, logprobs `list<float32>`, `messages` as JSON text."""
+    """Columns as in the JSONL rows; token ids `list<uint32>`, logprobs `list<float32>`, `messages` as JSON text.
+    `rows="trajectories"`: the columns of `agl_lite.integrations.export` (masks `list<uint8>`, advantages)."""
 
-    def __init__(self, path: Path, *, batch_rows: int = 512) -> None:
+    def __init__(self, path: Path, *, batch_rows: int = 512, rows: str = "calls") -> None:
         self.pa, pq = _pyarrow()
         pa = self.pa
         self.schema = pa.schema(
-            [
+            _trajectory_schema(pa)
+            if rows == "trajectories"
+            else [
                 ("rollout_id", pa.string()),
                 ("attempt_id", pa.string()),
                 ("group_id", pa.string()),
@@ -123,9 +142,10 @@ class ParquetWriter:
             values = row[name]
             valid.append(values is not None)
             if values is not None:
-                flat.extend(values if isinstance(values, array) else array(typecode, values))
+                same = isinstance(values, array) and values.typecode == typecode
+                flat.extend(values if same else array(typecode, values))
             offsets.append(len(flat))
-        value_type = pa.uint32() if typecode == "I" else pa.float32()
+        value_type = {"I": pa.uint32(), "B": pa.uint8()}.get(typecode, pa.float32())
         values_arr = pa.Array.from_buffers(value_type, len(flat), [None, pa.py_buffer(flat)])
         mask = None if all(valid) else pa.array([not v for v in valid])
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values_arr, mask=mask)
@@ -138,6 +158,8 @@ class ParquetWriter:
         for field in self.schema:
             if field.name in _LIST_COLUMNS:
                 columns.append(self._list_column(field.name, _LIST_COLUMNS[field.name]))
+            elif field.name == "calls":
+                columns.append(pa.array([r["calls"] for r in self._rows], field.type))
             elif field.name == "messages":
                 texts = [
                     None if r["messages"] is None else orjson.dumps(r["messages"]).decode()
@@ -158,9 +180,10 @@ class ParquetWriter:
             self._partial.finish(ok)
 
 
-def open_writer(path: Path, fmt: str) -> RowWriter:
+def open_writer(path: Path, fmt: str, rows: str = "calls") -> RowWriter:
+    """A writer of `rows` (`calls`: `export_calls`' rows; `trajectories`: `integrations.export`'s)."""
     if fmt == "jsonl":
         return JsonlWriter(path)
     if fmt == "parquet":
-        return ParquetWriter(path)
+        return ParquetWriter(path, rows=rows)
     raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")

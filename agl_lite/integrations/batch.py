@@ -69,6 +69,9 @@ class Batch:
     """The GRPO group of each row (its rollout's group id)."""
     rollout_ids: list[str]
     model_versions: list[str | None]
+    sources: list[list[tuple[str | None, int, int]]]
+    """Per row, the calls it trains: (response id, start, end) of each one's tokens in the row's response (cut
+    to R). What a fidelity check compares with what the server says it sampled."""
     stats: BatchStats
 
     def rows(self, name: str) -> list[list[int]] | list[list[float]]:
@@ -89,6 +92,7 @@ class BatchBuilder:
     _uid: list[str] = field(default_factory=list)
     _rollouts: list[str] = field(default_factory=list)
     _versions: list[str | None] = field(default_factory=list)
+    _sources: list[list[tuple[str | None, int, int]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name in ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask"):
@@ -150,6 +154,13 @@ class BatchBuilder:
         self._uid.append(uid)
         self._rollouts.append(rollout_id)
         self._versions.append(row.model_version)
+        self._sources.append(
+            [
+                (sp.triplet.response_id, sp.start, min(sp.end, R))
+                for sp in row.spans
+                if sp.trained and sp.start < R
+            ]
+        )
         st.rows += 1
         st.prompt_tokens += n_p
         st.response_tokens += n_r
@@ -174,5 +185,6 @@ class BatchBuilder:
             uid=self._uid,
             rollout_ids=self._rollouts,
             model_versions=self._versions,
+            sources=self._sources,
             stats=self.stats,
         )

@@ -151,6 +151,25 @@ def test_export_writes_jsonl_and_a_summary(background_gateway: BackgroundGateway
     assert (row["prompt_ids"], row["response_ids"]) == ([1, 2], [3, 4])
 
 
+def test_export_rows_trajectories_writes_the_merged_rows(
+    background_gateway: BackgroundGateway, tmp_path: Path
+) -> None:
+    gw = background_gateway
+    gw.run(running(gw.store, "r1"))
+    gw.run(gw.store.add_call(make_call("r1", "a1", 0, [1, 2], [[3, 4]])))
+    gw.run(gw.store.add_call(make_call("r1", "a1", 1, [1, 2, 3, 4, 9], [[5]])))
+    gw.run(gw.store.finish("r1", RolloutStatus.SUCCEEDED))
+    out = tmp_path / "rows.jsonl"
+    summary = as_json(cli(gw, "export", str(out), "--rows", "trajectories", "--json"))
+    assert (summary["rows"], summary["rollouts"], summary["groups"]) == (1, 1, 1)
+    (row,) = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert (row["prompt_ids"], row["response_ids"], row["response_mask"]) == (
+        [1, 2],
+        [3, 4, 9, 5],
+        [1, 1, 0, 1],
+    )
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -25,10 +26,14 @@ from agl_lite.integrations.trajectory import MergeStats, merge_trajectories, sin
 from agl_lite.store.records import Rollout, RolloutConfig, RolloutStatus
 from agl_lite.store.triplets import AttemptScope, RewardPolicy, RolloutTriplets, TripletOptions
 
-__all__ = ["AglLiteDaemon", "DaemonConfig", "Sample", "StepMetrics", "StepResult"]
+__all__ = ["AglLiteDaemon", "DaemonConfig", "Sample", "Scorer", "StepMetrics", "StepResult"]
 
 _TRAINABLE = frozenset({RolloutStatus.SUCCEEDED, RolloutStatus.FAILED})
 """A rollout the runner gave its verdict on; a cancelled one makes its group incomplete."""
+
+Scorer = Callable[[RolloutTriplets, "Sample"], float | None]
+"""The algorithm's reward for a rollout from what it said (its triplets, with their text) and its sample (the
+reference answer in its metadata); None leaves the rollout's own reward. The daemon posts it with the admin key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +72,10 @@ class DaemonConfig:
     mode: str = "train"
     rollout_config: RolloutConfig | None = None
     cancel_stragglers: bool = True
+    failed_rollouts: Literal["drop", "train"] = "drop"
+    """A rollout whose agent failed (it crashed, timed out, its pod was lost: status `failed`) says nothing about
+    the policy: `drop` leaves it out of the batch (its group trains on the others), `train` trains on it with
+    its reward (or `missing_reward`)."""
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -90,6 +99,8 @@ class StepMetrics:
     groups: int = 0
     dropped_groups: int = 0
     stragglers: int = 0
+    failed_rollouts: int = 0
+    """Left out of the batch: their agent failed (`failed_rollouts = "drop"`)."""
     mean_reward: float = 0.0
     """Over the trained rollouts, with the fill value for those without a reward."""
     merge: MergeStats = field(default_factory=MergeStats)
@@ -146,7 +157,9 @@ class AglLiteDaemon:
             head = 0
         return head
 
-    async def step(self, samples: Sequence[Sample]) -> StepResult:
+    async def step(self, samples: Sequence[Sample], *, score: Scorer | None = None) -> StepResult:
+        """Run `samples` (each `n` times), and the batch of their complete groups; `score` rewards each rollout
+        as the algorithm sees it (posted to the store, so the rollout keeps it)."""
         cfg = self.config
         requests_before = self.client.http.requests
         if self.cursor is None:
@@ -169,7 +182,12 @@ class AglLiteDaemon:
             ended = [done.get(r.id) for r in group]
             final.append([e or r for e, r in zip(ended, group, strict=True)])
             if all(e is not None and e.status in _TRAINABLE for e in ended):
-                kept += [e for e in ended if e is not None]
+                for e in ended:
+                    assert e is not None
+                    if e.status is RolloutStatus.FAILED and cfg.failed_rollouts == "drop":
+                        metrics.failed_rollouts += 1
+                    else:
+                        kept.append(e)
                 continue
             dropped.append(gid)
             stragglers = [r.id for r, e in zip(group, ended, strict=True) if e is None]
@@ -177,7 +195,8 @@ class AglLiteDaemon:
             if cfg.cancel_stragglers:
                 await self._cancel(stragglers)
         metrics.dropped_groups = len(dropped)
-        batch = await self._assemble(kept, metrics)
+        by_rollout = {r.id: s for s, g in zip(samples, groups, strict=True) for r in g}
+        batch = await self._assemble(kept, metrics, score, by_rollout)
         metrics.store_requests = self.client.http.requests - requests_before
         return StepResult(batch, metrics, final, dropped)
 
@@ -207,7 +226,13 @@ class AglLiteDaemon:
             with contextlib.suppress(ClientError):  # it may have ended meanwhile: a 409 is fine
                 await self.client.cancel(rid, "dropped: its group had a straggler at the step's timeout")
 
-    async def _assemble(self, rollouts: Sequence[Rollout], metrics: StepMetrics) -> Batch:
+    async def _assemble(
+        self,
+        rollouts: Sequence[Rollout],
+        metrics: StepMetrics,
+        score: Scorer | None,
+        samples: dict[str, Sample],
+    ) -> Batch:
         cfg = self.config
         builder = BatchBuilder(BatchConfig(cfg.max_prompt_length, cfg.max_response_length, cfg.pad_token_id))
         options = TripletOptions(cfg.attempts, cfg.reward_policy, cfg.missing_reward)
@@ -215,8 +240,13 @@ class AglLiteDaemon:
         stream = self.client.iter_triplets(
             [r.id for r in rollouts], options, max_bytes=cfg.triplet_page_bytes
         )
+        posts: list[asyncio.Task[Any]] = []
         async for rt in stream:
+            if score is not None and (value := score(rt, samples[rt.rollout_id])) is not None:
+                rt = dataclasses.replace(rt, reward=float(value), reward_source="admin")
+                posts.append(asyncio.ensure_future(self.client.reward(rt.rollout_id, float(value))))
             rewards_sum += self._add_rollout(builder, rt, metrics)
+        await asyncio.gather(*posts)
         st = builder.stats
         metrics.trained_rollouts = len(rollouts)
         metrics.mean_reward = rewards_sum / len(rollouts) if rollouts else 0.0

@@ -52,6 +52,8 @@ class Agents(AglLiteClient):
         self.held: set[str] = set()
         """Inputs (`q`) whose agents wait for `release` before finishing (stragglers)."""
         self.release = asyncio.Event()
+        self.failing: set[str] = set()
+        """Inputs (`q`) whose second rollout the runner gives up on (`failed`: the agent crashed)."""
         self.tasks: list[asyncio.Task[None]] = []
         self.reward_of: Callable[[Rollout, int], float | None] = lambda rollout, index: (
             1.0 if index == 0 else 0.0
@@ -75,6 +77,10 @@ class Agents(AglLiteClient):
             reward = self.reward_of(rollout, index)
             if reward is not None:
                 await self.reward(rollout.id, reward)
+            if rollout.input["q"] in self.failing and index == 1:
+                await self.update_attempt(rollout.id, attempt.id, AttemptStatus.FAILED, exit_code=1)
+                await self.finish(rollout.id, RolloutStatus.FAILED)
+                return
             await self.update_attempt(rollout.id, attempt.id, AttemptStatus.SUCCEEDED, exit_code=0)
             await self.finish(rollout.id, RolloutStatus.SUCCEEDED)
 
