@@ -89,3 +89,9 @@ def test_weights_loaded_without_the_version_bump_are_caught(tmp_path: Path, warm
     its = _run(tmp_path, warm_weights, iterations=3, corrupt="version").iterations
     assert its[0].version_errors == 0  # v0 served and stamped alike
     assert all(it.version_errors >= 128 for it in its[1:]), [it.version_errors for it in its]
+
+
+def test_the_text_chart_has_a_column_per_iteration_at_its_height() -> None:
+    chart = learn.text_chart([0.05, 0.5, 1.0], height=4).splitlines()
+    assert chart[:4] == ["100% │  █", " 75% │  █", " 50% │ ██", " 25% │▄██"]
+    assert len(learn.text_chart([0.5] * 200, width=60).splitlines()[0]) == len("100% │") + 60

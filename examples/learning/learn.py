@@ -69,7 +69,8 @@ MAX_PROMPT, MAX_RESPONSE = 40, 8
 @dataclass(slots=True)
 class Settings:
     minutes: float = 3.0
-    """Training wall time: iterations run until this much time has passed (rollouts and updates together)."""
+    """Training wall time (rollouts and updates together): no iteration is started that would end after it, by
+    the last one's time."""
     iterations: int = 0
     """A fixed number of iterations instead (0: as many as fit in `minutes`)."""
     prompts: int = 16
@@ -340,7 +341,8 @@ async def run(s: Settings) -> Summary:
             total = s.iterations or None
             with _progress(s, "GRPO", total) as advance:
                 k = cursor = 0
-                while (k < s.iterations) if s.iterations else (time.monotonic() < deadline):
+                last_s = 0.0  # the last iteration's time: one that would end past the deadline is not started
+                while (k < s.iterations) if s.iterations else (time.monotonic() + last_s <= deadline):
                     k += 1
                     t_it = time.monotonic()
                     batch = rng.sample(train, s.prompts)
@@ -381,6 +383,7 @@ async def run(s: Settings) -> Summary:
                         mask_errors=mask_errors,
                         failed_rollouts=result.metrics.failed_rollouts,
                     )
+                    last_s = it.seconds
                     summary.iterations.append(it)
                     _report(it)
                     advance()
@@ -454,13 +457,12 @@ def _progress(s: Settings, what: str, total: int | None) -> Any:
 # --- what the user sees at the end ---------------------------------------------------------------------------
 
 
-def text_chart(values: Sequence[float], width: int = 60, height: int = 8, label: str = "") -> str:
+def text_chart(values: Sequence[float], width: int = 60, height: int = 10, label: str = "") -> str:
     """A compact chart of values in [0, 1], one column per iteration (resampled to `width`)."""
     if not values:
         return ""
-    cols = [
-        values[min(int(i * len(values) / width), len(values) - 1)] for i in range(min(width, len(values)))
-    ]
+    n = min(width, len(values))
+    cols = [values[min(int(i * len(values) / n), len(values) - 1)] for i in range(n)]
     lines = []
     for level in range(height, 0, -1):
         lo = (level - 1) / height
