@@ -73,7 +73,7 @@ test-fast: $(STAMP)
 run: $(STAMP)
 	@export AGL_KEY=$${AGL_KEY:-$$($(BIN)/python -c 'import secrets; print(secrets.token_hex(32))')}; \
 	echo "AGL_KEY=$$AGL_KEY"; \
-	$(BIN)/agl-lite mock-llm --port 8000 --model smollm2 & mock=$$!; \
+	$(BIN)/agl-lite mock-llm --port 8000 --model smollm2 --max-model-len 65536 & mock=$$!; \
 	trap 'kill $$mock 2>/dev/null' EXIT INT TERM; \
 	$(BIN)/agl-lite run --config agl-lite.toml
 

@@ -114,21 +114,53 @@ def mock_llm(
     wrong_rate: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="With --math: share of answers that are wrong.")
     ] = 0.25,
+    max_model_len: Annotated[
+        int,
+        typer.Option(
+            min=16,
+            help="Context length in tokens (prompt + max_tokens), as vLLM's --max-model-len; Claude Code asks for "
+            "32,000 output tokens, so give it 65536 or more.",
+        ),
+    ] = 2048,
+    latency: Annotated[float, typer.Option(min=0.0, help="Seconds before each reply's headers.")] = 0.0,
+    ttft: Annotated[float, typer.Option(min=0.0, help="Seconds before the first event (or the body).")] = 0.0,
+    chunk_delay: Annotated[
+        float, typer.Option(min=0.0, help="Seconds between two events of a stream.")
+    ] = 0.0,
+    fault_rate: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of requests (seeded) that get --fault.")
+    ] = 0.0,
+    fault: Annotated[
+        str,
+        typer.Option(
+            help="error (a 500 body), reset (connection reset), stall (stops, never ends) or midstream (an error "
+            "event mid-stream)."
+        ),
+    ] = "error",
 ) -> None:
     """Serve the mock vLLM (the real vLLM wire format, deterministic output) for tests and the CPU demo.
 
     Example: agl-lite mock-llm --port 8000 --model smollm2 --math examples/math-poc/problems.jsonl
+    Example: agl-lite mock-llm --max-model-len 65536 --latency 0.2 --fault-rate 0.05 --fault reset
     """
     from agl_lite.testing.mock_vllm import serve
+    from agl_lite.testing.mock_vllm_faults import Fault, Faults
     from agl_lite.testing.mock_vllm_math import MathTutor
+    from agl_lite.testing.mock_vllm_scenario import ScenarioHook
 
-    tutor = None
+    hook: ScenarioHook | None = None
     if math is not None:
         try:
-            tutor = MathTutor.from_file(math, seed=seed, wrong_rate=wrong_rate)
+            hook = MathTutor.from_file(math, seed=seed, wrong_rate=wrong_rate)
         except (OSError, ValueError) as exc:
             _fail(f"--math {math}: {exc}")
-    serve(host, port, seed=seed, models=model or ["smollm2"], hook=tutor)
+    try:
+        faults = Faults(latency, ttft, chunk_delay, fault_rate, Fault(fault), seed)
+    except ValueError:
+        _fail(f"--fault {fault!r}: use one of {', '.join(f.value for f in Fault)}")
+    if faults.active:
+        hook = faults.hook(hook)
+    serve(host, port, seed=seed, models=model or ["smollm2"], max_model_len=max_model_len, hook=hook)
 
 
 @app.command()

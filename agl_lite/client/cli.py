@@ -37,6 +37,7 @@ from agl_lite.client.settings import Timeouts
 from agl_lite.client.writers import RowWriter, open_writer
 from agl_lite.errors import ConfigError
 from agl_lite.store.records import RolloutConfig, RolloutStatus
+from agl_lite.store.triplets import RewardPolicy
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "app", "main"]
 
@@ -287,6 +288,67 @@ def rollouts_show(ctx: typer.Context, rollout_id: RolloutArg, as_json: JsonOpt =
             out.print(render.rollout_table(rollout))
             if attempts:
                 out.print(render.attempts_table(attempts))
+
+    _run(ctx, work)
+
+
+@rollouts_app.command("calls")
+def rollouts_calls(ctx: typer.Context, rollout_id: RolloutArg, as_json: JsonOpt = False) -> None:
+    """One rollout's captured LLM calls, in request order (`--json`: whole, token ids included).
+
+    Example: agl-client rollouts calls ro-1a2b3c4d5e6f7a8b
+    """
+
+    async def work(client: AglLiteClient) -> None:
+        await client.get_rollout(rollout_id)  # 404 for an unknown rollout, not an empty list
+        calls = [c async for c in client.iter_calls(rollout_id)]
+        if as_json:
+            render.print_json([c.to_json() for c in calls])
+        else:
+            render.stdout().print(render.calls_table(calls))
+
+    _run(ctx, work)
+
+
+@rollouts_app.command("trajectory")
+def rollouts_trajectory(ctx: typer.Context, rollout_id: RolloutArg, as_json: JsonOpt = False) -> None:
+    """One rollout's calls merged into training rows, as the daemon merges them, with their rewards placed.
+
+    Example: agl-client rollouts trajectory ro-1a2b3c4d5e6f7a8b --json
+    """
+    from agl_lite.integrations.rewards import row_rewards
+    from agl_lite.integrations.trajectory import merge_trajectories
+
+    async def work(client: AglLiteClient) -> None:
+        rt = await client.triplets(rollout_id)
+        rows, stats = merge_trajectories(rt.triplets)
+        placed = row_rewards(rows, rt, RewardPolicy.LAST, 0.0)
+        scores = [sum(v for _, v in p.steps) + (p.outcome or 0.0) for p in placed]
+        if as_json:
+            render.print_json(
+                {
+                    "rollout_id": rt.rollout_id,
+                    "reward": rt.reward,
+                    "rows": [
+                        {
+                            "prompt_ids": row.prompt_ids.tolist(),
+                            "response_ids": row.response_ids.tolist(),
+                            "response_mask": row.response_mask.tolist(),
+                            "model_version": row.model_version,
+                            "calls": [sp.triplet.response_id for sp in row.spans],
+                            "reward": score,
+                        }
+                        for row, score in zip(rows, scores, strict=True)
+                    ],
+                    "merge": {
+                        "rows": stats.rows,
+                        "merged_steps": stats.merged_steps,
+                        "branches": stats.branches,
+                    },
+                }
+            )
+        else:
+            render.stdout().print(render.trajectory_table(rows, scores))
 
     _run(ctx, work)
 

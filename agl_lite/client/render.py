@@ -5,14 +5,17 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from rich.console import Console
 from rich.table import Table
 
 from agl_lite.client.results import GatewayState
-from agl_lite.store.records import Attempt, Event, ModelRecord, Rollout
+from agl_lite.store.records import Attempt, Event, LLMCall, ModelRecord, Rollout
+
+if TYPE_CHECKING:
+    from agl_lite.integrations.trajectory import Row
 
 __all__ = [
     "attempts_table",
@@ -32,8 +35,13 @@ def print_json(obj: Any) -> None:
     print(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode())
 
 
-def _when(ts: float | None) -> str:
-    return "" if not ts else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+def _when(ts: float | None, *, short: bool = False) -> str:
+    """Local time; `short` (a list's column): without the year."""
+    return (
+        ""
+        if not ts
+        else time.strftime("%m-%d %H:%M:%S" if short else "%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    )
 
 
 def _short(value: Any, width: int = 60) -> str:
@@ -41,15 +49,18 @@ def _short(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _table(*columns: str, title: str | None = None) -> Table:
+def _table(*columns: str, title: str | None = None, ids: int = 0) -> Table:
+    """A table whose long cells fold; its first `ids` columns (ids people copy) never wrap: the others give way."""
     table = Table(*columns, title=title, title_justify="left", show_edge=False, pad_edge=False)
-    for column in table.columns:
+    for i, column in enumerate(table.columns):
         column.overflow = "fold"
+        if i < ids:
+            column.no_wrap = True
     return table
 
 
 def rollouts_table(rollouts: Sequence[Rollout]) -> Table:
-    table = _table("id", "status", "mode", "group", "reward", "attempts", "created")
+    table = _table("id", "status", "mode", "group", "reward", "att.", "created", ids=2)
     for r in rollouts:
         table.add_row(
             r.id,
@@ -58,7 +69,7 @@ def rollouts_table(rollouts: Sequence[Rollout]) -> Table:
             r.group_id or "",
             "" if r.reward is None else f"{r.reward:g}",
             str(r.attempt_count),
-            _when(r.created_at),
+            _when(r.created_at, short=True),
         )
     return table
 
@@ -94,6 +105,43 @@ def attempts_table(attempts: Sequence[Attempt]) -> Table:
             _when(a.started_at),
             _when(a.ended_at),
             _short(a.message or "", 40),
+        )
+    return table
+
+
+def calls_table(calls: Sequence[LLMCall]) -> Table:
+    """A rollout's captured calls: one line each, its first choice's reply shortened."""
+    table = _table(
+        "#", "attempt", "outcome", "model", "version", "prompt", "reply", "finish", "text", title="calls"
+    )
+    for k, c in enumerate(calls):
+        first = c.choices[0] if c.choices else None
+        table.add_row(
+            str(k),
+            c.attempt_id or "",
+            c.outcome.value + ("" if not c.late else " (late)"),
+            c.model or c.requested_model or "",
+            c.model_version or "",
+            "" if c.prompt_token_ids is None else str(len(c.prompt_token_ids)),
+            "" if first is None else str(len(first.token_ids)),
+            "" if first is None else first.finish_reason or "",
+            _short(first.text or "" if first is not None else c.error or "", 30),
+        )
+    return table
+
+
+def trajectory_table(rows: Sequence[Row], rewards: Sequence[float]) -> Table:
+    """A rollout's merged training rows: their lengths, how much of each the policy sampled, their reward."""
+    table = _table("row", "steps", "prompt", "response", "trained", "version", "reward", title="trajectory")
+    for k, (row, reward) in enumerate(zip(rows, rewards, strict=True)):
+        table.add_row(
+            str(k),
+            str(len(row.spans)),
+            str(len(row.prompt_ids)),
+            str(len(row.response_ids)),
+            str(sum(row.response_mask)),
+            row.model_version or "",
+            f"{reward:g}",
         )
     return table
 

@@ -170,6 +170,30 @@ def test_export_rows_trajectories_writes_the_merged_rows(
     )
 
 
+def test_rollouts_calls_and_trajectory_show_one_rollout(background_gateway: BackgroundGateway) -> None:
+    gw = background_gateway
+    gw.run(running(gw.store, "r1"))
+    gw.run(gw.store.add_call(make_call("r1", "a1", 0, [1, 2], [[3, 4]])))
+    gw.run(gw.store.add_call(make_call("r1", "a1", 1, [1, 2, 3, 4, 9], [[5]])))
+    gw.run(gw.store.finish("r1", RolloutStatus.SUCCEEDED))
+    calls = as_json(cli(gw, "rollouts", "calls", "r1", "--json"))
+    assert [c["response_id"] for c in calls] == ["chatcmpl-r1-0", "chatcmpl-r1-1"]
+    table = cli(gw, "rollouts", "calls", "r1")
+    assert table.exit_code == 0
+    assert "chatcmpl" not in table.output  # the table: counts and text, not the ids
+    assert table.output.count(" ok ") == 2
+    (row,) = as_json(cli(gw, "rollouts", "trajectory", "r1", "--json"))["rows"]
+    assert (row["prompt_ids"], row["response_ids"], row["response_mask"]) == (
+        [1, 2],
+        [3, 4, 9, 5],
+        [1, 1, 0, 1],
+    )
+    assert row["calls"] == ["chatcmpl-r1-0", "chatcmpl-r1-1"]
+    unknown = cli(gw, "rollouts", "calls", "nope")
+    assert unknown.exit_code != 0
+    assert "nope" in unknown.output
+
+
 @pytest.mark.parametrize(
     "args",
     [
