@@ -100,7 +100,8 @@ class AgentRunner:
         )
         preload: tuple[str, ...] = option(
             (),
-            'Local backend: Python modules a fork server imports once (e.g. `["openai"]`); an agent command of '
+            'Local backend: Python modules a fork server imports once (e.g. `["openai"]`; a `.py` path, relative '
+            "to the config file, is run once as a warm-up); an agent command of "
             "the form `PYTHON SCRIPT.py ...` then starts as a fork of it, confined as any other, instead of a "
             "fresh interpreter (docs/runners.md). Empty: every step is a fresh process.",
         )
@@ -142,7 +143,10 @@ class AgentRunner:
             output_tail_bytes=o.output_tail_bytes,
             isolation=o.isolation,
             writable=tuple((config.base_dir / w).resolve() for w in o.writable),
-            preload=o.preload,
+            # A warm-up script, like every path here, is relative to the config file.
+            preload=tuple(
+                str((config.base_dir / p).resolve()) if p.endswith(".py") else p for p in o.preload
+            ),
             private_paths=self._ctx.private_paths,
             config_file=config.source,
         )
