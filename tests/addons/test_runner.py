@@ -96,6 +96,16 @@ async def test_agents_run_where_agl_lite_was_started_unless_workdir_says_otherwi
     assert default.runner.settings.workdir == tmp_path
 
 
+async def test_a_preloaded_warm_up_script_is_relative_to_the_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "conf").mkdir()
+    addon = await configured(config(tmp_path / "conf", preload=["openai", "warm/up.py"]))
+    assert addon.runner is not None
+    assert addon.runner.settings.preload == ("openai", str(tmp_path / "conf" / "warm" / "up.py"))
+
+
 async def test_the_in_process_runner_uses_the_stores_service_and_the_gateways_url(tmp_path: Path) -> None:
     addon = await configured(config(tmp_path, command=["sh", "agent.sh"], workdir="agents"))
     assert addon.runner is not None
