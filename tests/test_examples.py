@@ -5,7 +5,10 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,3 +164,54 @@ async def test_the_training_loop_sketch_runs(
     assert versions == {None, "step-1"}  # step 2's calls ran after the first sync
     assert calls[1].prompt_token_ids is not None
     assert len(calls[1].choices[0].token_ids) > 0
+
+
+def _run_sh_config(tmp_path: Path, env_file: str | None, **env: str) -> tuple[int, str]:
+    """`examples/math-poc/run.sh --print-config` (the seed's quick start, --runner k8s): what it would use."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("AGL_", "VLLM_"))}
+    full |= {"AGL_DEMO_PYTHON": sys.executable, **env}
+    if env_file is not None:
+        (tmp_path / "deploy.env").write_text(env_file)
+        full["AGL_DEMO_ENV_FILE"] = str(tmp_path / "deploy.env")
+    else:
+        full["AGL_DEMO_ENV_FILE"] = str(tmp_path / "missing.env")
+    done = subprocess.run(
+        [str(EXAMPLES / "math-poc" / "run.sh"), "--print-config"],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_the_quick_starts_env_file_keeps_the_exported_key_and_sets_the_port_before_it_is_used(
+    tmp_path: Path,
+) -> None:
+    example = (EXAMPLES / "math-poc" / ".env.vllm.example").read_text()
+    assert "\nAGL_KEY=\n" in example  # the example leaves the key to the shell
+    code, out = _run_sh_config(tmp_path, example, AGL_KEY="exported-key")
+    assert code == 0, out
+    assert "key=given" in out  # the file's empty AGL_KEY= did not wipe the exported one
+    assert (
+        "port=8100 public_url=http://host.minikube.internal:8100" in out
+    )  # the file's port, read before use
+    code, out = _run_sh_config(tmp_path, example, AGL_DEMO_PORT="8100", VLLM_MODEL="mine")
+    assert code == 0, out
+    assert "vllm_model=mine" in out  # the environment wins over the file
+    assert "key=generated" in out
+
+
+def test_the_quick_start_refuses_a_public_url_on_another_port_and_a_missing_env_file(tmp_path: Path) -> None:
+    code, out = _run_sh_config(
+        tmp_path, "AGL_PUBLIC_URL=http://host.minikube.internal:8100\n", AGL_DEMO_PORT="9000"
+    )
+    assert code == 2
+    assert "says port 8100, but the gateway would listen on 9000" in out
+    code, out = _run_sh_config(tmp_path, None)
+    assert code == 2
+    assert "copy examples/math-poc/.env.vllm.example to deploy/.env first" in out
+    code, out = _run_sh_config(tmp_path, "AGL_PUBLIC_URL=http://host.minikube.internal:8200\n")
+    assert code == 0, out
+    assert "port=8200" in out  # no AGL_DEMO_PORT: the public URL's port is the one to listen on

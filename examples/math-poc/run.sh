@@ -14,8 +14,10 @@
 #
 # Options: --iterations N  --problems N  --samples N  --data PATH (GSM8K JSONL)  --seed N  --wrong-rate R (mock)
 #          --workdir DIR (default examples/math-poc/.run: the SQLite store, configs and logs stay there)
+#          --print-config (print the settings this run would use, deploy/.env included, and start nothing)
 # Environment: AGL_KEY (admin key; generated when unset), AGL_DEMO_PYTHON (default .venv/bin/python), VLLM_URL,
-#              VLLM_MODEL (the served model name), AGL_DEMO_PORT / AGL_DEMO_MOCK_PORT (default: free ports).
+#              VLLM_MODEL (the served model name), AGL_DEMO_PORT / AGL_DEMO_MOCK_PORT (default: free ports),
+#              AGL_DEMO_ENV_FILE (default deploy/.env; with --runner k8s, read first: the environment wins over it).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -34,7 +36,8 @@ while [ $# -gt 0 ]; do
         --seed) SEED="$2"; shift 2 ;;
         --wrong-rate) WRONG_RATE="$2"; shift 2 ;;
         --workdir) WORKDIR="$2"; shift 2 ;;
-        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --print-config) PRINT_CONFIG=1; shift ;;
+        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -43,12 +46,44 @@ case "$MODE/$RUNNER" in
     *) echo "run.sh: --mode $MODE --runner $RUNNER is not a combination this example runs" >&2; exit 2 ;;
 esac
 
+# deploy/.env (the seed's quick start, --runner k8s) is read first, before anything is derived from it (the ports,
+# the public URL); a variable already set in the environment wins over the file, and the file's empty values
+# (`AGL_KEY=` in the example) set nothing.
+ENV_FILE="${AGL_DEMO_ENV_FILE:-$ROOT/deploy/.env}"
+if [ "$RUNNER" = k8s ]; then
+    [ -f "$ENV_FILE" ] || { echo "run.sh: copy examples/math-poc/.env.vllm.example to deploy/.env first" >&2; exit 2; }
+    while IFS= read -r line || [ -n "$line" ]; do
+        case "$line" in ''|'#'*) continue ;; esac
+        name="${line%%=*}" value="${line#*=}"
+        case "$name" in *[!A-Za-z0-9_]*|'') echo "run.sh: $ENV_FILE: not NAME=value: $line" >&2; exit 2 ;; esac
+        value="${value%\"}"; value="${value#\"}"; value="${value%\'}"; value="${value#\'}"
+        if [ -n "$value" ] && [ -z "${!name:-}" ]; then export "$name=$value"; fi
+    done < "$ENV_FILE"
+fi
+
 PY="${AGL_DEMO_PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PY" ] || { echo "run.sh: no Python at $PY: run 'make demo' (or 'make venv') first, or set AGL_DEMO_PYTHON" >&2; exit 2; }
 PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"  # absolute (agents run elsewhere), the venv's own link kept
 BIN="$(dirname "$PY")"
 AGL="$BIN/agl-lite"
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+if [ "$RUNNER" = k8s ] && [ -n "${AGL_PUBLIC_URL:-}" ]; then
+    # Pods and the controller are told AGL_PUBLIC_URL: its port must be the one the gateway listens on.
+    public_port="$(printf '%s' "$AGL_PUBLIC_URL" | sed -nE 's#^[a-z]+://[^/:]+:([0-9]+).*#\1#p')"
+    if [ -z "${AGL_DEMO_PORT:-}" ] && [ -n "$public_port" ]; then export AGL_DEMO_PORT="$public_port"; fi
+    if [ -n "$public_port" ] && [ "$public_port" != "${AGL_DEMO_PORT}" ]; then
+        echo "run.sh: AGL_PUBLIC_URL ($AGL_PUBLIC_URL) says port $public_port, but the gateway would listen on" \
+            "$AGL_DEMO_PORT (AGL_DEMO_PORT): make them agree" >&2
+        exit 2
+    fi
+fi
+if [ "${PRINT_CONFIG:-}" = 1 ]; then  # what this run would use, and nothing started (tests, and a user's check)
+    host=127.0.0.1; [ "$RUNNER" = k8s ] && host=0.0.0.0
+    echo "mode=$MODE runner=$RUNNER host=$host port=${AGL_DEMO_PORT:-free} public_url=${AGL_PUBLIC_URL:-}"
+    echo "key=$([ -n "${AGL_KEY:-}" ] && echo given || echo generated) vllm_url=${VLLM_URL:-} vllm_model=${VLLM_MODEL:-}"
+    exit 0
+fi
 
 export AGL_KEY="${AGL_KEY:-$("$PY" -c 'import secrets; print(secrets.token_hex(32))')}"
 rm -rf "$WORKDIR"
@@ -89,8 +124,6 @@ if [ "$MODE" = mock ]; then
     wait_http "http://127.0.0.1:$MOCK_PORT/v1/models" "the mock vLLM" "$WORKDIR/mock-llm.log" "${PIDS[-1]}"
 else
     if [ "$RUNNER" = k8s ]; then
-        [ -f "$ROOT/deploy/.env" ] || { echo "run.sh: copy examples/math-poc/.env.vllm.example to deploy/.env first" >&2; exit 2; }
-        set -a; . "$ROOT/deploy/.env"; set +a
         HOST=0.0.0.0
     fi
     UPSTREAM="${VLLM_URL:-http://127.0.0.1:8000/v1}"
