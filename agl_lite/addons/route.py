@@ -190,6 +190,7 @@ class Route:
         self._store: Store | None = None
         self._options = Route.Options()
         self._file = ""
+        self._file_models: set[str] = set()
 
     def load(self, ctx: LoadContext) -> None:
         self._ctx = ctx
@@ -202,6 +203,7 @@ class Route:
         self._options, self._file = options, str(config.routes_path)
         routes = load_routes(self._file)
         self._by_name = {}
+        self._file_models = set(routes.models)
         for name, model in routes.models.items():
             ups = [self._upstream(name, spec, options, self._file) for spec in model.upstreams]
             state = _ModelState(name, model, ups, model.version or None)
@@ -211,6 +213,7 @@ class Route:
         self._store = self._ctx.services.get(STORE) if self._ctx is not None else None
         if self._store is not None:
             self._store.on_model_change(self.apply_registration)
+            self._store.on_model_removed(self.remove_registration)
 
     async def running(self) -> None:
         """Apply the models registered in the store before this start (a restart keeps the synced version)."""
@@ -227,12 +230,25 @@ class Route:
             )
             state = self._by_name[record.name] = _ModelState(record.name, route, [])
         template = state.route.upstreams[0] if state.route.upstreams else UpstreamSpec()
-        specs = [
-            UpstreamSpec(e, template.served_model or state.name, template.api_key_env, template.api_key)
-            for e in record.endpoints
-        ]
+        served = record.served_model or template.served_model or state.name
+        specs = [UpstreamSpec(e, served, template.api_key_env, template.api_key) for e in record.endpoints]
         state.upstreams = [self._upstream(state.name, spec, self._options, self._file) for spec in specs]
         state.version = record.version
+        self._refresh_models_body()
+
+    def remove_registration(self, record: ModelRecord) -> None:
+        """Route `record.name` as its routes-file entry says again, or not at all when it has none."""
+        state = self._by_name.get(record.name)
+        if state is None:
+            return
+        if state.name in self._file_models:  # from routes.toml: its own upstreams and version again
+            state.upstreams = [
+                self._upstream(state.name, spec, self._options, self._file) for spec in state.route.upstreams
+            ]
+            state.version = state.route.version or None
+        else:
+            for public in [p for p, st in self._by_name.items() if st is state]:
+                del self._by_name[public]
         self._refresh_models_body()
 
     def _refresh_models_body(self) -> None:

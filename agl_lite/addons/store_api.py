@@ -77,6 +77,7 @@ ROUTES = (
     HttpRoute("resources.get", "GET", "/api/resources/{name}", A, RouteKind.API, "A resource (?version=N)."),
     HttpRoute("models.put", "POST", "/api/models", A, RouteKind.API, "Register a model version."),
     HttpRoute("models.list", "GET", "/api/models", A, RouteKind.API, "Registered models."),
+    HttpRoute("models.remove", "POST", "/api/models/remove", A, RouteKind.API, "Take a registration back."),
     HttpRoute("openapi", "GET", "/api/openapi.json", PUB, RouteKind.API, "This API's OpenAPI document."),
     HttpRoute(
         "agent.events",
@@ -358,9 +359,14 @@ class StoreApi:
 
     async def models_put(self, flow: Flow) -> Response:
         payload = api.parse(api.ModelIn, flow.request.body)
-        return _ok(
-            (await self.store.put_model(payload.name, payload.endpoints, payload.version)).to_json(), 201
+        model = await self.store.put_model(
+            payload.name, payload.endpoints, payload.version, payload.served_model
         )
+        return _ok(model.to_json(), 201)
+
+    async def models_remove(self, flow: Flow) -> Response:
+        payload = api.parse(api.ModelRemoveIn, flow.request.body)
+        return _ok((await self.store.remove_model(payload.name)).to_json())
 
     async def models_list(self, flow: Flow) -> Response:
         return _ok({"models": [m.to_json() for m in await self.store.models()]})

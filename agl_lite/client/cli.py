@@ -493,19 +493,46 @@ def models_set(
     name: Annotated[str, typer.Argument(help="The model name.", show_default=False)],
     version: Annotated[str, typer.Option(help="The version now served (a step, a checkpoint).")],
     endpoint: Annotated[list[str], typer.Option("--endpoint", "-e", help="An endpoint URL (repeatable).")],
+    served_model: Annotated[
+        str | None,
+        typer.Option(
+            help="The name the endpoints serve it under (vLLM's --served-model-name), if not NAME's route's."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Register a model version (after a weight sync).
 
-    Example: agl-client models set qwen --version step-120 -e http://10.0.0.5:8000/v1
+    Example: agl-client models set qwen --version step-120 -e http://10.0.0.5:8000/v1 --served-model Qwen/Qwen3-8B
     """
 
     async def work(client: AglLiteClient) -> None:
-        model = await client.put_model(name, endpoint, version)
+        model = await client.put_model(name, endpoint, version, served_model)
         if as_json:
             render.print_json(model.to_json())
         else:
             typer.echo(f"{model.name}: version {model.version}")
+
+    _run(ctx, work)
+
+
+@models_app.command("rm")
+def models_rm(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The model name.", show_default=False)],
+    as_json: JsonOpt = False,
+) -> None:
+    """Take a registration back: the route serves its routes-file entry again, or goes (exit 1 if none).
+
+    Example: agl-client models rm qwen-step-120
+    """
+
+    async def work(client: AglLiteClient) -> None:
+        model = await client.remove_model(name)
+        if as_json:
+            render.print_json(model.to_json())
+        else:
+            typer.echo(f"{model.name}: registration removed (it was version {model.version})")
 
     _run(ctx, work)
 

@@ -423,9 +423,17 @@ class AglLiteClient:
     async def latest_resources(self) -> list[Resource]:
         return [payloads.resource(r) for r in (await self._get("/api/resources/latest"))["resources"]]
 
-    async def put_model(self, name: str, endpoints: list[str], version: str) -> ModelRecord:
-        body = {"name": name, "endpoints": list(endpoints), "version": version}
+    async def put_model(
+        self, name: str, endpoints: list[str], version: str, served_model: str | None = None
+    ) -> ModelRecord:
+        body: dict[str, Any] = {"name": name, "endpoints": list(endpoints), "version": version}
+        if served_model is not None:
+            body["served_model"] = served_model
         return payloads.model(await self._post("/api/models", body, idempotent=True))
+
+    async def remove_model(self, name: str) -> ModelRecord:
+        """Take a registration back (NotFoundError when there is none)."""
+        return payloads.model(await self._post("/api/models/remove", {"name": name}, idempotent=True))
 
     async def models(self) -> list[ModelRecord]:
         return [payloads.model(m) for m in (await self._get("/api/models"))["models"]]

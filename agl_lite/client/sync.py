@@ -283,8 +283,13 @@ class SyncAglLiteClient:
     def latest_resources(self) -> list[Resource]:
         return self._run(self.aio.latest_resources())
 
-    def put_model(self, name: str, endpoints: list[str], version: str) -> ModelRecord:
-        return self._run(self.aio.put_model(name, endpoints, version))
+    def put_model(
+        self, name: str, endpoints: list[str], version: str, served_model: str | None = None
+    ) -> ModelRecord:
+        return self._run(self.aio.put_model(name, endpoints, version, served_model))
+
+    def remove_model(self, name: str) -> ModelRecord:
+        return self._run(self.aio.remove_model(name))
 
     def models(self) -> list[ModelRecord]:
         return self._run(self.aio.models())

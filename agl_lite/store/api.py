@@ -196,6 +196,8 @@ class ModelIn(_In):
         min_length=1, max_length=64
     )
     version: Annotated[str, Field(min_length=1, max_length=256)]
+    served_model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    """The name the endpoints serve the model under; absent: the route's own."""
 
     @field_validator("endpoints")
     @classmethod
@@ -205,6 +207,10 @@ class ModelIn(_In):
             if problem is not None:
                 raise ValueError(f"endpoints[{i}] is no upstream base URL: {problem}")
         return endpoints
+
+
+class ModelRemoveIn(_In):
+    name: Annotated[str, Field(min_length=1, max_length=256)]
 
 
 class PauseIn(_In):

@@ -109,6 +109,7 @@ class Repo(Protocol):
     def get_resource(self, name: str, version: int | None) -> Resource | None: ...
     def latest_resources(self) -> list[Resource]: ...
     def put_model(self, model: ModelRecord) -> None: ...
+    def delete_model(self, name: str) -> ModelRecord | None: ...
     def models(self) -> list[ModelRecord]: ...
 
 
@@ -171,6 +172,7 @@ class Store:
         self._status: dict[str, RolloutStatus] = {}
         self._seen_attempts: set[tuple[str, str]] = set()
         self._model_listeners: list[Callable[[ModelRecord], None]] = []
+        self._model_removed: list[Callable[[ModelRecord], None]] = []
         self._ended_listeners: list[Callable[[str], None]] = []
         self._tokens: dict[str, int] = {}  # tokens per rollout, read once, then kept up to date by `add_call`
         self._tokens_reads: dict[str, asyncio.Future[int]] = {}  # first reads in progress, shared
@@ -656,14 +658,36 @@ class Store:
     async def latest_resources(self) -> list[Resource]:
         return await self._read(lambda repo: repo.latest_resources())
 
-    async def put_model(self, name: str, endpoints: list[str], version: str) -> ModelRecord:
+    async def put_model(
+        self, name: str, endpoints: list[str], version: str, served_model: str | None = None
+    ) -> ModelRecord:
         """Register (or replace) a model's endpoints and version; listeners learn of it before this returns, so
-        a caller that resumes the gateway after a weight sync knows every new call goes to the new version."""
-        model = ModelRecord(name, list(endpoints), version, time.time())
+        a caller that resumes the gateway after a weight sync knows every new call goes to the new version.
+        `served_model`: the name the endpoints serve it under, when it is not the route's own."""
+        model = ModelRecord(name, list(endpoints), version, time.time(), served_model)
         await self._write(lambda repo: repo.put_model(model))
         for listener in self._model_listeners:
             listener(model)
         return model
+
+    async def remove_model(self, name: str) -> ModelRecord:
+        """Take a registration back (404 when there is none): the route falls back to its routes-file entry, or
+        stops existing when it had none. Listeners learn of it before this returns."""
+
+        def op(repo: Repo) -> ModelRecord:
+            removed = repo.delete_model(name)
+            if removed is None:
+                raise NotFound(f"no registered model {name!r}")
+            return removed
+
+        model = await self._write(op)
+        for listener in self._model_removed:
+            listener(model)
+        return model
+
+    def on_model_removed(self, listener: Callable[[ModelRecord], None]) -> None:
+        """Call `listener` with each registration taken back through this store object."""
+        self._model_removed.append(listener)
 
     def on_model_change(self, listener: Callable[[ModelRecord], None]) -> None:
         """Call `listener` with each model registered through this store object (the `route` addon's hook)."""

@@ -159,6 +159,9 @@ class MemoryRepo:
     def put_model(self, model: ModelRecord) -> None:
         self._models[model.name] = copy.copy(model)
 
+    def delete_model(self, name: str) -> ModelRecord | None:
+        return self._models.pop(name, None)
+
     def models(self) -> list[ModelRecord]:
         return [copy.copy(m) for _, m in sorted(self._models.items())]
 

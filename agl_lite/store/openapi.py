@@ -23,6 +23,7 @@ BODIES: dict[str, type[BaseModel]] = {
     "runner.claim": api.ClaimIn,
     "resources.put": api.ResourceIn,
     "models.put": api.ModelIn,
+    "models.remove": api.ModelRemoveIn,
     "agent.events": api.AgentEventIn,
     "grader.grade": api.AgentEventIn,
     "gateway_pause": api.PauseIn,

@@ -230,6 +230,9 @@ class ModelRecord:
     endpoints: list[str]
     version: str
     updated_at: float = 0.0
+    served_model: str | None = None
+    """The name the endpoints serve the model under (vLLM's --served-model-name); None: the route's own (its
+    routes-file entry's, else `name`)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -513,6 +513,10 @@ class SQLiteRepo:
             "INSERT OR REPLACE INTO models (name, body) VALUES (?, ?)", (model.name, _dump(model.to_json()))
         )
 
+    def delete_model(self, name: str) -> ModelRecord | None:
+        row = self.conn.execute("DELETE FROM models WHERE name = ? RETURNING body", (name,)).fetchone()
+        return codec.model_from_json(_load(row[0])) if row else None
+
     def models(self) -> list[ModelRecord]:
         rows = self.conn.execute("SELECT body FROM models ORDER BY name")
         return [codec.model_from_json(_load(b)) for (b,) in rows]

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import aiohttp
+import openai
+import pytest
 from openai import AsyncOpenAI
 
 from agl_lite.service import running_gateway
@@ -25,12 +27,57 @@ async def _ask(gw_url: str, model: str) -> str:
     return reply.id
 
 
-async def _register(gw_url: str, name: str, endpoints: list[str], version: str) -> None:
+async def _register(
+    gw_url: str, name: str, endpoints: list[str], version: str, served_model: str | None = None
+) -> None:
+    body = {"name": name, "endpoints": endpoints, "version": version}
+    if served_model is not None:
+        body["served_model"] = served_model
     async with (
         aiohttp.ClientSession(headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as s,
-        s.post(gw_url + "/api/models", json={"name": name, "endpoints": endpoints, "version": version}) as r,
+        s.post(gw_url + "/api/models", json=body) as r,
     ):
         assert r.status in (200, 201), await r.text()
+
+
+async def _remove(gw_url: str, name: str) -> int:
+    async with (
+        aiohttp.ClientSession(headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as s,
+        s.post(gw_url + "/api/models/remove", json={"name": name}) as r,
+    ):
+        return r.status
+
+
+async def test_a_registration_names_what_its_servers_serve_and_can_be_taken_back(tmp_path: Path) -> None:
+    """A trainer's weight sync: new servers that serve the model under another name (vLLM answers 404 to the
+    registry's name), and the registration removed afterwards: a routes-file model goes back to its entry, a
+    registered-only one goes away."""
+    file_mock, synced = MockVLLM(("policy",)), MockVLLM(("Qwen/Qwen3-8B",))
+    async with running_mock(file_mock) as file_url, running_mock(synced) as synced_url:
+        config = write_config(
+            tmp_path,
+            {"policy": [file_url]},
+            chain=CHAIN,
+            addons={"store": {"path": str(tmp_path / "s.db")}},
+        )
+        async with running_gateway(config) as gw:
+            url = gateway_url(gw)
+            await _register(url, "policy", [synced_url], "step-1", served_model="Qwen/Qwen3-8B")
+            await _ask(url, "policy")  # forwarded as the servers' own name (else: their 404)
+            await _register(url, "scratch", [synced_url], "v1", served_model="Qwen/Qwen3-8B")
+            await _ask(url, "scratch")
+            assert synced.requests_total == 2
+            assert [r.body["model"] for r in synced.requests] == ["Qwen/Qwen3-8B"] * 2
+            assert await _remove(url, "policy") == 200
+            await _ask(url, "policy")  # routes.toml's entry again
+            assert file_mock.requests_total == 1
+            assert await _remove(url, "scratch") == 200
+            async with AsyncOpenAI(base_url=url + "/v1", api_key=ADMIN_KEY, max_retries=0) as client:
+                with pytest.raises(openai.NotFoundError):
+                    await client.chat.completions.create(
+                        model="scratch", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                    )
+            assert await _remove(url, "scratch") == 404
 
 
 async def test_a_registration_reroutes_and_versions_the_next_calls(tmp_path: Path) -> None:

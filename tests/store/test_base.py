@@ -240,6 +240,19 @@ async def test_models_register_and_update(store: Store) -> None:
     assert (model.name, model.version) == ("qwen", "step-2")
 
 
+async def test_a_registration_keeps_its_served_name_and_can_be_taken_back(store: Store) -> None:
+    removed: list[str] = []
+    store.on_model_removed(lambda m: removed.append(m.name))
+    await store.put_model("policy", ["http://127.0.0.1:8000/v1"], "step-3", "Qwen/Qwen3-8B")
+    (model,) = await store.models()
+    assert (model.version, model.served_model) == ("step-3", "Qwen/Qwen3-8B")
+    assert (await store.remove_model("policy")).version == "step-3"
+    assert await store.models() == []
+    assert removed == ["policy"]
+    with pytest.raises(NotFound):
+        await store.remove_model("policy")
+
+
 def call(
     rollout: str | None, order: int, prompt: list[int], completions: list[list[int]], **kw: object
 ) -> LLMCall:

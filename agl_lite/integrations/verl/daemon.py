@@ -287,13 +287,15 @@ class AglLiteDaemon:
         *,
         drain_timeout_s: float = 60.0,
         hold_timeout_s: float | None = None,
+        served_model: str | None = None,
     ) -> AsyncIterator[GatewayState]:
         """Pause the gateway (new LLM calls are held), wait for the calls in flight to drain, run the block (load
         the new weights into the servers), register `endpoints` and `version` for the model, and resume. If the
-        block fails, the registry is left as it was and the gateway resumes all the same."""
+        block fails, the registry is left as it was and the gateway resumes all the same. `served_model`: the
+        name the new servers serve the model under, when it is not the route's own."""
         async with self.client.paused(
             drain_timeout_s=drain_timeout_s, hold_timeout_s=hold_timeout_s, mode="hold"
         ) as state:
             yield state
-            await self.client.put_model(self.config.model, list(endpoints), version)
+            await self.client.put_model(self.config.model, list(endpoints), version, served_model)
         self.model_version = version
