@@ -69,6 +69,8 @@ class ForkServer:
         self._next = 0
         self._pending: dict[int, asyncio.Future[int]] = {}
         self._children: dict[int, _Child] = {}
+        self._early: dict[int, int] = {}
+        """Statuses of steps that ended before their `spawn` registered them."""
         self._ready: asyncio.Future[dict[str, Any]] | None = None
         self._buf = b""
         self.preload_failed: dict[str, str] = {}
@@ -153,6 +155,8 @@ class ForkServer:
                 child = self._children.pop(message["id"], None)
                 if child is not None:
                     child.ended(message["status"])
+                else:  # it ended before `spawn` resumed from its pid (both lines came in one read)
+                    self._early[message["id"]] = message["status"]
 
     def _lost(self) -> None:
         """The fork server ended: its steps ended with it (they die with their parent)."""
@@ -170,6 +174,7 @@ class ForkServer:
         for child in self._children.values():
             child.ended(9)  # as killed by SIGKILL: the step did not end by itself
         self._children.clear()
+        self._early.clear()
 
     async def spawn(
         self,
@@ -217,7 +222,11 @@ class ForkServer:
             os.close(out_r)
             raise
         child = _Child(pid)
-        self._children[step_id] = child
+        early = self._early.pop(step_id, None)
+        if early is not None:
+            child.ended(early)
+        else:
+            self._children[step_id] = child
         reader = asyncio.StreamReader()
         pipe = os.fdopen(out_r, "rb", buffering=0)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)

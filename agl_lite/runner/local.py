@@ -189,7 +189,10 @@ class LocalBackend:
         finally:
             if self._runs.get(rid) is run:
                 del self._runs[rid]
-            shutil.rmtree(attempt_dir, ignore_errors=True)
+            try:
+                shutil.rmtree(attempt_dir, ignore_errors=True)
+            except OSError as exc:  # (3.11's rmtree can raise despite ignore_errors): the attempt's outcome stands
+                log.error("could not remove an attempt's directory", path=str(attempt_dir), error=repr(exc))
 
     async def _step(
         self,

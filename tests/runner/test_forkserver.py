@@ -196,3 +196,23 @@ def _cmdline(pid: str) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return ""
+
+
+async def test_many_quick_steps_all_end_even_when_the_status_comes_with_the_pid(
+    tmp_path: Path, backend: LocalBackend
+) -> None:
+    """A step that ends at once has its pid and its status in one read of the control socket, before `spawn` has
+    registered it: its status must not be lost (it was: such a step waited forever; 400 steps hit it)."""
+    import asyncio
+
+    script = _script(tmp_path, "quick.py", "pass\n")
+    gate = asyncio.Semaphore(16)
+
+    async def one(i: int) -> AttemptStatus:
+        async with gate:
+            launch = launch_of(backend.settings, rid=f"ro-{i}", runner={"command": [PY, script]})
+            return (await backend.launch(launch)).status
+
+    async with asyncio.timeout(120):
+        statuses = await asyncio.gather(*(one(i) for i in range(400)))
+    assert set(statuses) == {AttemptStatus.SUCCEEDED}
