@@ -191,7 +191,8 @@ class LocalBackend:
                 del self._runs[rid]
             try:
                 shutil.rmtree(attempt_dir, ignore_errors=True)
-            except OSError as exc:  # (3.11's rmtree can raise despite ignore_errors): the attempt's outcome stands
+            # 3.11's rmtree can raise despite ignore_errors: the attempt's outcome stands.
+            except OSError as exc:
                 log.error("could not remove an attempt's directory", path=str(attempt_dir), error=repr(exc))
 
     async def _step(
