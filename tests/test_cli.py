@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,21 +120,29 @@ async def test_mock_llm_and_run_serve_and_stop_on_sigterm(
         f'[models.smollm2]\nupstreams = [{{ base_url = "http://127.0.0.1:{mock_port}/v1" }}]\n'
     )
     (tmp_path / "agl-lite.toml").write_text(f"[server]\nport = {gw_port}\n")
-    mock = await start("mock-llm", "--port", str(mock_port), ready=b"Running on")
+    reply = await chat_through(
+        ("mock-llm", "--port", str(mock_port)), tmp_path / "agl-lite.toml", gw_port, "smollm2"
+    )
+    assert reply["object"] == "chat.completion"
+
+
+async def chat_through(mock_args: Sequence[str], config: Path, port: int, model: str) -> dict[str, Any]:
+    """Start `agl-lite MOCK_ARGS` and a gateway from `config` listening on `port`, make one chat call with the
+    admin key, stop both (the gateway with SIGTERM, which must exit 0); the reply's JSON."""
+    mock = await start(*mock_args, ready=b"Running on")
     try:
-        gateway = await start(
-            "run", "--config", str(tmp_path / "agl-lite.toml"), ready=b"gateway listening", stream="stderr"
-        )
+        gateway = await start("run", "--config", str(config), ready=b"gateway listening", stream="stderr")
         try:
             async with aiohttp.ClientSession() as s:
-                body = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+                body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
                 headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
                 async with s.post(
-                    f"http://127.0.0.1:{gw_port}/v1/chat/completions", json=body, headers=headers
+                    f"http://127.0.0.1:{port}/v1/chat/completions", json=body, headers=headers
                 ) as r:
-                    assert r.status == 200
-                    assert (await r.json())["object"] == "chat.completion"
+                    assert r.status == 200, await r.text()
+                    reply: dict[str, Any] = await r.json()
         finally:
             assert await stop(gateway) == 0
     finally:
         await stop(mock)
+    return reply

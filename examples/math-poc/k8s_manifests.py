@@ -21,7 +21,7 @@ def render(tag: str, store_url: str) -> dict[str, str]:
     files = {p.name: p.read_text() for p in sorted(DEPLOY.glob("*.yaml"))}
     edits = {
         "configmap.yaml": [
-            ('image = "agl-agent-python:0.1.0"', f'image = "agl-math-agent:{tag}"'),
+            ('image = "agl-math-agent:0.1.0"', f'image = "agl-math-agent:{tag}"'),
             ('store_url = "http://host.minikube.internal:8100"', f'store_url = "{store_url}"'),
         ],
         "controller.yaml": [("image: agl-lite:0.1.0", f"image: agl-lite:{tag}")],
