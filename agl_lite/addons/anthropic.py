@@ -21,6 +21,7 @@ from agl_lite.capture.anthropic import (
     MessageBuilder,
     StreamTranslator,
     message_body,
+    model_info,
     models_list,
     new_message_id,
     reshape_error,
@@ -40,6 +41,8 @@ _COUNT = frozenset({"messages_count_tokens", "messages_count_tokens.agent"})
 _PROBE = frozenset({"anthropic_probe", "anthropic_probe.agent"})
 _MODELS = frozenset({"models", "models.agent"})
 """The route addon's model list, reshaped for requests that carry `anthropic-version`."""
+_MODEL = frozenset({"model", "model.agent"})
+"""The route addon's model card (`models.retrieve`), likewise."""
 _TRANSLATOR = "anthropic.translator"
 
 
@@ -136,9 +139,10 @@ class Anthropic:
         name = flow.route.name
         if resp is None:
             return
-        if name in _MODELS:
+        if name in _MODELS or name in _MODEL:
             if "anthropic-version" in flow.request.headers and not resp.from_upstream:
-                body = models_list(resp.body) if resp.status == 200 else reshape_error(resp.status, resp.body)
+                reshape = models_list if name in _MODELS else model_info
+                body = reshape(resp.body) if resp.status == 200 else reshape_error(resp.status, resp.body)
                 if body is not None:
                     resp.body = body
             return

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+from urllib.parse import unquote
 
 from yarl import URL
 
@@ -175,6 +176,9 @@ class Route:
             "completions", "POST", "/v1/completions", RouteKind.LLM, "OpenAI text completions."
         ),
         *model_api_routes("models", "GET", "/v1/models", RouteKind.API, "The routed model names."),
+        *model_api_routes(
+            "model", "GET", "/v1/models/{model:path}", RouteKind.API, "One routed model (`models.retrieve`)."
+        ),
     )
 
     @dataclass(frozen=True, slots=True)
@@ -186,6 +190,7 @@ class Route:
         self._by_name: dict[str, _ModelState] = {}
         self._created = int(time.time())
         self._models_body: dict[str, Any] = {}
+        self._model_cards: dict[str, dict[str, Any]] = {}
         self._ctx: LoadContext | None = None
         self._store: Store | None = None
         self._options = Route.Options()
@@ -252,19 +257,17 @@ class Route:
         self._refresh_models_body()
 
     def _refresh_models_body(self) -> None:
-        self._models_body = {
-            "object": "list",
-            "data": [
-                {
-                    "id": public,
-                    "object": "model",
-                    "created": self._created,
-                    "owned_by": "agl-lite",
-                    "root": st.name,
-                }
-                for public, st in self._by_name.items()
-            ],
+        self._model_cards = {
+            public: {
+                "id": public,
+                "object": "model",
+                "created": self._created,
+                "owned_by": "agl-lite",
+                "root": st.name,
+            }
+            for public, st in self._by_name.items()
         }
+        self._models_body = {"object": "list", "data": list(self._model_cards.values())}
 
     @staticmethod
     def _upstream(name: str, spec: UpstreamSpec, options: Route.Options, file: str) -> _UpstreamState:
@@ -289,6 +292,14 @@ class Route:
         route = flow.route
         if route.name in ("models", "models.agent"):
             flow.response = json_response(200, self._models_body)
+            return
+        if route.name in ("model", "model.agent"):
+            # Percent-decoded: SDKs encode a `/` in the id (`Qwen%2FQwen2.5-0.5B`), older ones send it raw.
+            name = unquote(flow.request.path_params["model"])
+            card = self._model_cards.get(name)
+            if card is None:
+                raise ModelNotFound(f"model {name!r} is not routed here", param="model")
+            flow.response = json_response(200, card)
             return
         if route.kind is not RouteKind.LLM:
             return

@@ -17,12 +17,15 @@ from agl_lite.errors import ConfigError, MethodNotAllowed, NotFound
 __all__ = [
     "ATTRIBUTED_PREFIX",
     "ID_PATTERN",
+    "PATH_PARAM",
     "HttpRoute",
     "RouteKind",
     "RouteMatch",
     "RouteTable",
     "Scope",
     "model_api_routes",
+    "path_params",
+    "path_template",
 ]
 
 
@@ -49,11 +52,15 @@ class RouteKind(StrEnum):
 ATTRIBUTED_PREFIX = "/r/{rollout_id}/a/{attempt_id}"
 """Path prefix that attributes a call to a rollout and attempt (DESIGN.md §2)."""
 
-_PARAM = re.compile(r"\{([a-z_]+)\}")
+_PARAM = re.compile(r"\{([a-z_]+)(?::(path))?\}")
 _SEGMENT = "[A-Za-z0-9_-]{1,128}"
 ID_PATTERN = re.compile(_SEGMENT)
 """What a path parameter (rollout id, attempt id, ...) may hold: URL- and label-safe, no dots (keys use them).
 Use `fullmatch`: `$` also matches before a trailing newline (issue #15 H4)."""
+PATH_PARAM = "[!-~]{1,512}"
+"""What a `{name:path}` parameter may hold: the rest of the path, slashes included (a model id such as
+`Qwen/Qwen2.5-0.5B`, sent raw by some clients and percent-encoded by others), printable ASCII without spaces;
+the route's handler percent-decodes it. Only for names looked up, never for ids that become keys or files."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +68,8 @@ class HttpRoute:
     name: str
     method: str
     path: str
-    """Path pattern; `{name}` matches one path segment."""
+    """Path pattern; `{name}` matches one path segment of `ID_PATTERN`, `{name:path}` the rest of the path
+    (`PATH_PARAM`)."""
     scope: Scope
     kind: RouteKind = RouteKind.API
     summary: str = ""
@@ -76,6 +84,16 @@ class HttpRoute:
 class RouteMatch:
     route: HttpRoute
     params: Mapping[str, str]
+
+
+def path_params(path: str) -> list[tuple[str, str]]:
+    """Each parameter of a path pattern, in order: its name and the regex its value must fully match."""
+    return [(m[1], PATH_PARAM if m[2] else _SEGMENT) for m in _PARAM.finditer(path)]
+
+
+def path_template(path: str) -> str:
+    """The pattern as an OpenAPI path template (`{name:path}` becomes `{name}`)."""
+    return _PARAM.sub(r"{\1}", path)
 
 
 def model_api_routes(
@@ -111,9 +129,10 @@ class RouteTable:
                 )
             by_method[route.method] = route
         for path, by_method in patterns.items():
-            parts = _PARAM.split(path)  # literal, name, literal, name, ...
-            regex = "".join(
-                re.escape(p) if i % 2 == 0 else f"(?P<{p}>{_SEGMENT})" for i, p in enumerate(parts)
+            first, *rest = _PARAM.split(path)[::3]  # literal, name, kind, literal, name, kind, ..., literal
+            regex = re.escape(first) + "".join(
+                f"(?P<{name}>{value})" + re.escape(lit)
+                for (name, value), lit in zip(path_params(path), rest, strict=True)
             )
             self._dynamic.append((re.compile(regex), by_method))
 

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from agl_lite import __version__
-from agl_lite.core.routes import HttpRoute, RouteKind, Scope
+from agl_lite.core.routes import HttpRoute, RouteKind, Scope, path_params, path_template
 from agl_lite.store import api
 
 __all__ = ["JSON_VALUE", "bound_free_form", "document"]
@@ -159,9 +159,9 @@ def document(routes: Iterable[HttpRoute]) -> dict[str, Any]:
                 "name": p,
                 "in": "path",
                 "required": True,
-                "schema": {"type": "string", "pattern": r"^[A-Za-z0-9_-]{1,128}$"},
+                "schema": {"type": "string", "pattern": f"^{value}$"},
             }
-            for p in _path_params(route.path)
+            for p, value in path_params(route.path)
         ]
         params += [
             {"name": n, "in": "query", "required": False, "schema": s}
@@ -193,7 +193,7 @@ def document(routes: Iterable[HttpRoute]) -> dict[str, Any]:
             (".enqueue", ".start", ".add", ".put", ".events", ".grade")
         ):
             op["responses"]["201"] = op["responses"].pop("200")
-        paths.setdefault(route.path, {})[route.method.lower()] = op
+        paths.setdefault(path_template(route.path), {})[route.method.lower()] = op
     return {
         "openapi": "3.1.0",
         "info": {"title": "agl-lite", "version": __version__},
@@ -206,7 +206,3 @@ def document(routes: Iterable[HttpRoute]) -> dict[str, Any]:
             },
         },
     }
-
-
-def _path_params(path: str) -> list[str]:
-    return [part[1:-1] for part in path.split("/") if part.startswith("{") and part.endswith("}")]

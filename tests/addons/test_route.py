@@ -80,6 +80,21 @@ def test_models_endpoint_lists_names_and_aliases(tmp_path: Path) -> None:
     assert {(m["id"], m["root"]) for m in data} == {("qwen", "qwen"), ("gpt-4.1", "qwen")}
 
 
+@pytest.mark.parametrize("path", ["/v1/models/gpt-4.1", "/r/ro-1/a/at-1/v1/models/gpt-4.1"])
+def test_one_model_is_served_by_name_or_alias(tmp_path: Path, path: str) -> None:
+    f = make_flow("GET", path, routes=Route.routes)
+    route_addon(tmp_path, [A]).request(f)
+    assert f.response is not None
+    card = json.loads(f.response.body or b"")
+    assert (card["id"], card["object"], card["root"]) == ("gpt-4.1", "model", "qwen")
+
+
+def test_an_unknown_model_is_a_404_and_the_name_is_decoded(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFound, match="'org/x' is not routed here") as info:
+        route_addon(tmp_path, [A]).request(make_flow("GET", "/v1/models/org%2Fx", routes=Route.routes))
+    assert info.value.status == 404
+
+
 def test_round_robin_rotates_the_first_choice(tmp_path: Path) -> None:
     addon = route_addon(tmp_path, [A, B, C], strategy="round_robin")
     firsts = [str(targets(addon)[0].url) for _ in range(6)]

@@ -79,3 +79,35 @@ def test_a_remembered_dynamic_path_matches_as_it_did_and_the_memory_is_bounded()
     assert len(table._seen) <= routes_module._SEEN_PATHS
     with pytest.raises(NotFound):
         table.match("POST", "/r/ro-1/a/at-1/v1/x\n")
+
+
+MODELS = RouteTable(model_api_routes("model", "GET", "/v1/models/{model:path}", RouteKind.API))
+
+
+@pytest.mark.parametrize(
+    "model", ["gpt-4.1", "Qwen/Qwen2.5-0.5B-Instruct", "Qwen%2FQwen2.5-0.5B", "org/sub/m:v1", "a" * 512]
+)
+def test_a_path_parameter_takes_the_rest_of_the_path_dots_and_slashes_too(model: str) -> None:
+    assert dict(MODELS.match("GET", f"/v1/models/{model}").params) == {"model": model}
+    agent = MODELS.match("GET", f"/r/ro-1/a/at-1/v1/models/{model}")
+    assert dict(agent.params) == {"rollout_id": "ro-1", "attempt_id": "at-1", "model": model}
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/models/", "/v1/models/a b", "/v1/models/x\n", "/v1/models/" + "a" * 513]
+)
+def test_a_path_parameter_is_bounded_and_printable(path: str) -> None:
+    with pytest.raises(NotFound):
+        MODELS.match("GET", path)
+
+
+def test_an_id_parameter_still_takes_one_segment_only() -> None:
+    """The rollout and attempt ids before a path parameter keep their own pattern: no slash, no dot."""
+    for path in ("/r/ro.1/a/at-1/v1/models/m", "/r/ro/1/a/at-1/v1/models/m"):
+        with pytest.raises(NotFound):
+            MODELS.match("GET", path)
+    assert routes_module.path_params("/r/{rollout_id}/x/{rest:path}") == [
+        ("rollout_id", routes_module._SEGMENT),
+        ("rest", routes_module.PATH_PARAM),
+    ]
+    assert routes_module.path_template("/r/{rollout_id}/x/{rest:path}") == "/r/{rollout_id}/x/{rest}"

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import anthropic
 import pytest
-from anthropic.types import Message, MessageTokensCount, RawMessageStreamEvent
+from anthropic.types import Message, MessageTokensCount, ModelInfo, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
 from agl_lite.core.flow import Flow
@@ -211,6 +211,15 @@ async def test_beta_messages_and_count_tokens_agree_with_the_prompt_the_mock_see
 async def test_models_list_validates(setup: Setup) -> None:
     page = await setup.client().models.list()
     assert {m.id for m in page.data} == {"smollm2", MODEL}
+
+
+async def test_models_retrieve_validates(setup: Setup) -> None:
+    info = await setup.client().models.retrieve(MODEL)
+    ModelInfo.model_validate(info.to_dict())
+    assert (info.id, info.type) == (MODEL, "model")
+    with pytest.raises(anthropic.NotFoundError) as err:
+        await setup.client().models.retrieve("claude-none")
+    assert err.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
 
 
 async def test_agent_key_on_its_own_rollout_path_and_not_on_another(setup: Setup) -> None:

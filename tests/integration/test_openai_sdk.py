@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
@@ -158,6 +159,35 @@ async def test_agent_key_on_its_rollout_path(setup: Setup) -> None:
     assert completion.choices[0].message.content
     models = await agent.models.list()
     assert {m.id for m in models.data} == {"smollm2", "gpt-4.1"}
+
+
+async def test_models_retrieve_by_name_alias_and_a_name_with_a_slash(gateway_factory: GatewayFactory) -> None:
+    """`models.retrieve` (the SDK percent-encodes a `/`; a raw `/` as older clients send it works too)."""
+    mock = MockVLLM(("smollm2",), seed=7)
+    async with (
+        running_mock(mock) as url,
+        gateway_factory({"Qwen/Qwen2.5-0.5B": [url]}, aliases={"Qwen/Qwen2.5-0.5B": ["gpt-4.1"]}) as gw,
+    ):
+        admin = openai.AsyncOpenAI(base_url=gateway_url(gw) + "/v1", api_key=ADMIN_KEY, max_retries=0)
+        agent = openai.AsyncOpenAI(
+            base_url=f"{gateway_url(gw)}/r/ro-1/a/at-1/v1",
+            api_key=derive_key(ADMIN_KEY, "ro-1"),
+            max_retries=0,
+        )
+        for client in (admin, agent):
+            model = await client.models.retrieve("Qwen/Qwen2.5-0.5B")
+            assert (model.id, model.object, model.owned_by) == ("Qwen/Qwen2.5-0.5B", "model", "agl-lite")
+            assert (await client.models.retrieve("gpt-4.1")).id == "gpt-4.1"
+            with pytest.raises(openai.NotFoundError, match="not routed here"):
+                await client.models.retrieve("gpt-5")
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(
+                gateway_url(gw) + "/v1/models/Qwen/Qwen2.5-0.5B",
+                headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            ) as r,
+        ):
+            assert (r.status, (await r.json())["id"]) == (200, "Qwen/Qwen2.5-0.5B")
 
 
 async def test_agent_key_on_another_rollout_is_forbidden(setup: Setup) -> None:

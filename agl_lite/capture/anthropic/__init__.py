@@ -6,7 +6,7 @@ knows flows, hooks or storage.
 
 from agl_lite.capture.anthropic.errors import error_body, error_event, error_type, reshape_error
 from agl_lite.capture.anthropic.message import MessageBuilder, new_message_id
-from agl_lite.capture.anthropic.models import models_list
+from agl_lite.capture.anthropic.models import model_info, models_list
 from agl_lite.capture.anthropic.request import to_chat, to_tokenize
 from agl_lite.capture.anthropic.stream import StreamTranslator, message_body, token_count_body
 
@@ -17,6 +17,7 @@ __all__ = [
     "error_event",
     "error_type",
     "message_body",
+    "model_info",
     "models_list",
     "new_message_id",
     "reshape_error",

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["models_list"]
+__all__ = ["model_info", "models_list"]
 
 
 def _card(model: dict[str, Any]) -> dict[str, Any] | None:
@@ -45,3 +45,13 @@ def models_list(body: bytes | None) -> bytes | None:
             "last_id": cards[-1]["id"] if cards else None,
         }
     )
+
+
+def model_info(body: bytes | None) -> bytes | None:
+    """One ModelInfo (`GET /v1/models/{model_id}`); None if `body` is not an OpenAI model card."""
+    try:
+        obj = orjson.loads(body or b"")
+    except orjson.JSONDecodeError:
+        return None
+    card = _card(obj) if isinstance(obj, dict) else None
+    return orjson.dumps(card) if card is not None else None
