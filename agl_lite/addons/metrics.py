@@ -43,7 +43,8 @@ class _FlowCounts(Collector):
         self.duration: dict[tuple[str, ...], Histogram] = {}
         self.first_byte: dict[tuple[str, ...], Histogram] = {}
         self.tokens: dict[tuple[str, str], int] = {}
-        self.upstream_errors: dict[tuple[str, str], int] = {}
+        self.upstream_errors: dict[tuple[str, ...], int] = {}
+        self.upstream_requests: dict[tuple[str, ...], int] = {}
         self.in_flight = 0
 
     def collect(self) -> Iterator[Metric]:
@@ -78,9 +79,17 @@ class _FlowCounts(Collector):
         )
         yield counter_family(
             "agl_upstream_errors",
-            "Upstream failures (unreachable, timeout, reset) and 5xx answers, by model.",
-            ["model", "type"],
+            "Upstream failures (unreachable, timeout, reset, retryable status) and 5xx answers, by model and "
+            "upstream; an attempt that failed and was retried on another upstream counts too.",
+            ["model", "upstream", "type"],
             self.upstream_errors,
+        )
+        yield counter_family(
+            "agl_upstream_requests",
+            "Attempts on each upstream by outcome: the status class of its answer, `error` (no answer, or the "
+            "answer failed mid-response) or `cancelled` (the client left, or the gateway ended the call).",
+            ["model", "upstream", "status"],
+            self.upstream_requests,
         )
 
 
@@ -150,14 +159,23 @@ class Metrics:
         model = str(flow.metadata.get("route.model") or "unknown")
         if flow.t_first_byte is not None:
             _observe(counts.first_byte, (model,), flow.t_first_byte - flow.t_start)
-        error_type: str | None = None
+        for upstream, error_type in flow.retried:  # failed attempts a later upstream replaced
+            _count(counts.upstream_errors, (model, upstream, error_type))
+            _count(counts.upstream_requests, (model, upstream, "error"))
+        target = flow.upstream
+        name = target.name if target is not None else "none"
+        answered = response is not None and response.from_upstream
         if isinstance(flow.error, UpstreamError):
-            error_type = flow.error.type
-        elif response is not None and response.from_upstream and response.status >= 500:
-            error_type = f"http_{response.status}"
-        if error_type is not None:
-            key = _bounded(counts.upstream_errors, (model, error_type))
-            counts.upstream_errors[key] = counts.upstream_errors.get(key, 0) + 1
+            _count(counts.upstream_errors, (model, name, flow.error.type))
+            attempt = "error"
+        elif response is not None and answered:
+            if response.status >= 500:
+                _count(counts.upstream_errors, (model, name, f"http_{response.status}"))
+            attempt = f"{response.status // 100}xx"
+        else:
+            attempt = "cancelled"  # the client left, or the gateway cut or refused the call
+        if target is not None:
+            _count(counts.upstream_requests, (model, name, attempt))
         self._count_tokens(flow, model)
 
     def _count_tokens(self, flow: Flow, model: str) -> None:
@@ -173,6 +191,11 @@ class Metrics:
             if isinstance(n, int) and not isinstance(n, bool) and n > 0:
                 key = _bounded(tokens, (model, kind))
                 tokens[key] = tokens.get(key, 0) + n
+
+
+def _count(counts: dict[tuple[str, ...], int], key: tuple[str, ...]) -> None:
+    key = _bounded(counts, key)
+    counts[key] = counts.get(key, 0) + 1
 
 
 def _observe(histograms: dict[tuple[str, ...], Histogram], key: tuple[str, ...], value: float) -> None:

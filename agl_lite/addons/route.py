@@ -17,19 +17,21 @@ import hashlib
 import itertools
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 from urllib.parse import unquote
 
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from yarl import URL
 
 from agl_lite.core.config import GatewayConfig, load_toml, option, parse_dataclass
 from agl_lite.core.endpoints import endpoint_problem
 from agl_lite.core.flow import Flow, UpstreamTarget, json_response
 from agl_lite.core.routes import RouteKind, model_api_routes
-from agl_lite.core.services import LoadContext
+from agl_lite.core.services import METRICS_REGISTRY, LoadContext
 from agl_lite.errors import BadRequest, ConfigError, ModelNotFound
 from agl_lite.store.base import STORE, Store
 from agl_lite.store.records import ModelRecord
@@ -167,6 +169,32 @@ class _ModelState:
         return healthy + cooling
 
 
+class _UpstreamGauges(Collector):
+    """Each upstream's load and health, read from the route addon's own state when scraped."""
+
+    def __init__(self, route: Route) -> None:
+        self._route = route
+
+    def collect(self) -> Iterator[Metric]:
+        in_flight = GaugeMetricFamily(
+            "agl_upstream_in_flight",
+            "Attempts in flight on each upstream (what least_inflight and sticky routing weigh).",
+            labels=["model", "upstream"],
+        )
+        cooling = GaugeMetricFamily(
+            "agl_upstream_cooling",
+            "1 while an upstream is in its cool-down after repeated failures (tried last).",
+            labels=["model", "upstream"],
+        )
+        now = time.monotonic()
+        for state in {id(st): st for st in self._route.models()}.values():
+            for up in state.upstreams:
+                in_flight.add_metric([state.name, up.base], up.inflight)
+                cooling.add_metric([state.name, up.base], 0.0 if up.healthy(now) else 1.0)
+        yield in_flight
+        yield cooling
+
+
 class Route:
     routes = (
         *model_api_routes(
@@ -196,6 +224,7 @@ class Route:
         self._options = Route.Options()
         self._file = ""
         self._file_models: set[str] = set()
+        self._collecting = False
 
     def load(self, ctx: LoadContext) -> None:
         self._ctx = ctx
@@ -216,6 +245,11 @@ class Route:
                 self._by_name[public] = state
         self._refresh_models_body()
         self._store = self._ctx.services.get(STORE) if self._ctx is not None else None
+        # Looked up here, not in load: the metrics addon may come later in the chain.
+        registry = self._ctx.services.get(METRICS_REGISTRY) if self._ctx is not None else None
+        if registry is not None and not self._collecting:
+            registry.register(_UpstreamGauges(self))
+            self._collecting = True
         if self._store is not None:
             self._store.on_model_change(self.apply_registration)
             self._store.on_model_removed(self.remove_registration)
@@ -255,6 +289,10 @@ class Route:
             for public in [p for p, st in self._by_name.items() if st is state]:
                 del self._by_name[public]
         self._refresh_models_body()
+
+    def models(self) -> list[_ModelState]:
+        """Every routed model's state (a model with aliases is there once per name)."""
+        return list(self._by_name.values())
 
     def _refresh_models_body(self) -> None:
         self._model_cards = {

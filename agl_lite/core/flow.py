@@ -175,6 +175,9 @@ class Flow:
     """Where to forward, in order; the core tries the next one only before any byte reached the client."""
     upstream: UpstreamTarget | None = None
     """The target being tried, then the one that answered (or the last one that failed)."""
+    retried: list[tuple[str, str]] = field(default_factory=list)
+    """(upstream name, error type) of each attempt that failed and that a later target replaced: the flow may
+    end well, and those failures still count (metrics)."""
     ended: bool = False
     """`response_end` or `error` has fired: the core fires `error` for a flow that ends without either."""
     abort_error: HttpError | None = None

@@ -174,7 +174,8 @@ class ErrorHook(Hook):
 class FlowDoneHook(Hook):
     """Fires exactly once per flow, last, whatever happened: release per-flow resources and count metrics here.
 
-    The client's response is complete (or abandoned); nothing can change it any more.
+    The client's response is complete (or abandoned); nothing can change it any more. A request that matched no
+    route (404, 405) is a flow too, seen by this hook only: its route is `unmatched`.
     """
 
     name = "flow_done"

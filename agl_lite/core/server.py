@@ -52,6 +52,11 @@ _AIOHTTP_SHUTDOWN_S = 1.0
 the flows in flight finish or cut them."""
 
 CORE_ROUTES = (HttpRoute("healthz", "GET", "/healthz", Scope.PUBLIC, RouteKind.API, "Liveness probe."),)
+_UNMATCHED = HttpRoute(
+    "unmatched", "*", "*", Scope.PUBLIC, RouteKind.API, "A request no route took (404, 405)."
+)
+"""The route of a flow made only to be counted and logged: its request matched no route, and no hook but
+`flow_done` sees it."""
 """Routes the core answers itself."""
 
 
@@ -163,6 +168,13 @@ class Gateway:
         try:
             match = self.table.match(request.method, request.path)
         except HttpError as exc:
+            unmatched = Flow(
+                request=Request(request.method, request.path, "", CIMultiDict(), b""),
+                route=_UNMATCHED,
+                response=error_response(exc),
+            )
+            unmatched.t_end = time.monotonic()
+            await self._finished(unmatched, request.path)
             return _json_web_response(exc.status, exc.body(), exc.headers)
         flow = Flow(
             request=Request(
@@ -215,15 +227,21 @@ class Gateway:
             if not self._flows:
                 self._idle.set()
             flow.t_end = time.monotonic()
-            await self.addons.flow_done(flow)
-            if self._access_log:
-                log.info(
-                    "flow",
-                    method=flow.request.method,
-                    path=flow.request.path,
-                    status=flow.response.status if flow.response else None,
-                    ms=round((flow.t_end - flow.t_start) * 1000, 2),
-                )
+            await self._finished(flow, request.path)
+
+    async def _finished(self, flow: Flow, path: str) -> None:
+        """Every request's end, routed or not: `flow_done` (metrics count it) and its access-log line, with the
+        path the client sent (an addon may have rewritten the flow's, as the Anthropic one does)."""
+        await self.addons.flow_done(flow)
+        if self._access_log:
+            log.info(
+                "flow",
+                method=flow.request.method,
+                path=path,
+                route=flow.route.name,
+                status=flow.response.status if flow.response else None,
+                ms=round(((flow.t_end or time.monotonic()) - flow.t_start) * 1000, 2),
+            )
 
     async def _drained(self, deadline: float) -> None:
         """Until no flow is in flight, or `deadline` (loop time)."""
@@ -412,6 +430,13 @@ class Gateway:
                 await self._fail(flow, None, ended)
                 return out if out.prepared else web.Response(status=499)  # (nobody reads it)
             err = map_upstream_error(exc, flow.upstream.name if flow.upstream else "", mid_response=True)
+            log.warning(
+                "upstream failed mid-response",
+                upstream=flow.upstream.name if flow.upstream else None,
+                path=request.path,
+                error=err.message,
+                bytes_to_client=flow.bytes_to_client,
+            )
             return await self._fail_mid_response(request, flow, out, err, ended)
         except Exception as exc:
             up.close()

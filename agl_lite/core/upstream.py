@@ -107,12 +107,15 @@ class Upstream:
                     error=last_error.message,
                     retrying=not last,
                 )
+                if not last:
+                    flow.retried.append((target.name, last_error.type))
                 continue
             if resp.status in self.config.retry_on_status and not last:
                 log.warning("upstream answered a retryable status", upstream=target.name, status=resp.status)
                 resp.release()
                 self._ended(target, ok=False)
                 last_error = UpstreamError(f"upstream {target.name} answered {resp.status}")
+                flow.retried.append((target.name, f"http_{resp.status}"))
                 continue
             return resp
         raise last_error or UpstreamError("no upstream is configured for this request")

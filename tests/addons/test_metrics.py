@@ -12,14 +12,15 @@ import pytest
 from multidict import CIMultiDict
 from prometheus_client import REGISTRY, Gauge
 from prometheus_client.parser import text_string_to_metric_families
+from yarl import URL
 
 from agl_lite.addons.control import Control
 from agl_lite.addons.metrics import Metrics
 from agl_lite.addons.route import Route
 from agl_lite.core.config import GatewayConfig
-from agl_lite.core.flow import Flow, Response, json_response
+from agl_lite.core.flow import Flow, Response, UpstreamTarget, json_response
 from agl_lite.core.services import METRICS_REGISTRY, LoadContext
-from agl_lite.errors import UpstreamTimeout
+from agl_lite.errors import UpstreamError, UpstreamTimeout
 from agl_lite.testing import MockVLLM, running_mock
 from agl_lite.testing.flows import make_flow
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
@@ -36,9 +37,14 @@ class FakeRecord:
     usage: Any = field(default_factory=lambda: {"prompt_tokens": 11, "completion_tokens": 4})
 
 
-def llm_flow() -> Flow:
+U1, U2 = "http://127.0.0.1:18001/v1", "http://127.0.0.1:18002/v1"
+
+
+def llm_flow(upstream: str | None = U1) -> Flow:
     flow = make_flow("POST", "/v1/chat/completions", json_body={"model": "m"}, routes=ROUTES)
     flow.metadata["route.model"] = "m"
+    if upstream is not None:
+        flow.upstream = UpstreamTarget(URL(upstream + "/chat/completions"), name=upstream)
     return flow
 
 
@@ -127,7 +133,40 @@ def test_upstream_failure_is_counted_by_type() -> None:
     metrics.request(flow)
     flow.error = UpstreamTimeout("upstream x timed out")
     metrics.flow_done(flow)
-    assert sample(metrics, "agl_upstream_errors_total", model="m", type="upstream_timeout") == 1
+    assert sample(metrics, "agl_upstream_errors_total", model="m", upstream=U1, type="upstream_timeout") == 1
+    assert sample(metrics, "agl_upstream_requests_total", model="m", upstream=U1, status="error") == 1
+
+
+def test_a_failure_with_no_upstream_to_try_is_counted_too() -> None:
+    metrics, flow = Metrics(), llm_flow(upstream=None)
+    metrics.request(flow)
+    flow.error = UpstreamError("no upstream is configured for this request")
+    metrics.flow_done(flow)
+    assert (
+        sample(metrics, "agl_upstream_errors_total", model="m", upstream="none", type="upstream_error") == 1
+    )
+
+
+def test_failures_a_retry_recovered_are_counted_per_upstream() -> None:
+    metrics, flow = Metrics(), llm_flow(upstream=U2)
+    metrics.request(flow)
+    flow.retried = [(U1, "upstream_error"), (U1, "http_503")]
+    flow.response = upstream_response(200)
+    metrics.flow_done(flow)
+    assert sample(metrics, "agl_upstream_errors_total", model="m", upstream=U1, type="upstream_error") == 1
+    assert sample(metrics, "agl_upstream_errors_total", model="m", upstream=U1, type="http_503") == 1
+    assert sample(metrics, "agl_upstream_errors_total", model="m", upstream=U2, type="http_200") is None
+    assert sample(metrics, "agl_upstream_requests_total", model="m", upstream=U1, status="error") == 2
+    assert sample(metrics, "agl_upstream_requests_total", model="m", upstream=U2, status="2xx") == 1
+
+
+def test_a_call_the_client_left_is_not_the_upstreams_error() -> None:
+    metrics, flow = Metrics(), llm_flow()
+    metrics.request(flow)
+    flow.client_disconnected = True
+    metrics.flow_done(flow)
+    assert sample(metrics, "agl_upstream_requests_total", model="m", upstream=U1, status="cancelled") == 1
+    assert sample(metrics, "agl_upstream_requests_total", model="m", upstream=U1, status="error") is None
 
 
 def test_upstream_5xx_answer_is_counted_but_a_4xx_is_not() -> None:
@@ -137,8 +176,9 @@ def test_upstream_5xx_answer_is_counted_but_a_4xx_is_not() -> None:
         metrics.request(flow)
         flow.response = upstream_response(status)
         metrics.flow_done(flow)
-    assert sample(metrics, "agl_upstream_errors_total", model="m", type="http_503") == 1
-    assert sample(metrics, "agl_upstream_errors_total", model="m", type="http_400") is None
+    assert sample(metrics, "agl_upstream_errors_total", model="m", upstream=U1, type="http_503") == 1
+    assert sample(metrics, "agl_upstream_errors_total", model="m", upstream=U1, type="http_400") is None
+    assert sample(metrics, "agl_upstream_requests_total", model="m", upstream=U1, status="4xx") == 1
 
 
 def test_registry_is_provided_as_a_service_and_is_not_the_global_one() -> None:
