@@ -6,6 +6,7 @@ It owns how the mock reads requests and writes non-streamed replies; it must not
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ __all__ = [
     "gen_params",
     "int_field",
     "json_response",
+    "model_card",
     "read_json",
 ]
 
@@ -155,3 +157,31 @@ def check_model(served: Sequence[str], body: dict[str, Any]) -> str:
         aliases = ", ".join(served)
         raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: {aliases}.", "model")
     return str(model)
+
+
+def model_card(name: str, root: str, max_model_len: int, created: int) -> dict[str, Any]:
+    """One entry of `GET /v1/models`, as vLLM 0.32 writes it."""
+    permission = {
+        "id": f"modelperm-{secrets.token_hex(16)}",
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": root,
+        "parent": None,
+        "max_model_len": max_model_len,
+        "permission": [permission],
+    }

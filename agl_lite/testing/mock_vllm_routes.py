@@ -5,46 +5,25 @@ It owns those handlers and their wire shapes; it must not generate completions o
 
 from __future__ import annotations
 
-import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from agl_lite.testing.mock_vllm_http import ApiError, check_model, error_response, json_response, read_json
+from agl_lite.testing.mock_vllm_http import (
+    ApiError,
+    check_model,
+    error_response,
+    json_response,
+    model_card,
+    read_json,
+)
 from agl_lite.testing.mock_vllm_scenario import ErrorReply, Scenario
 
 if TYPE_CHECKING:
     from agl_lite.testing.mock_vllm import MockVLLM
 
 __all__ = ["add_side_routes"]
-
-
-def _model_card(mock: MockVLLM, name: str, created: int) -> dict[str, Any]:
-    permission = {
-        "id": f"modelperm-{secrets.token_hex(16)}",
-        "object": "model_permission",
-        "created": created,
-        "allow_create_engine": False,
-        "allow_sampling": True,
-        "allow_logprobs": True,
-        "allow_search_indices": False,
-        "allow_view": True,
-        "allow_fine_tuning": False,
-        "organization": "*",
-        "group": None,
-        "is_blocking": False,
-    }
-    return {
-        "id": name,
-        "object": "model",
-        "created": created,
-        "owned_by": "vllm",
-        "root": mock.root or name,
-        "parent": None,
-        "max_model_len": mock.max_model_len,
-        "permission": [permission],
-    }
 
 
 async def _tokenize(mock: MockVLLM, request: web.Request) -> web.Response:
@@ -86,7 +65,12 @@ def add_side_routes(app: web.Application, mock: MockVLLM) -> None:
     async def models(_request: web.Request) -> web.Response:
         created = int(time.time())
         return json_response(
-            {"object": "list", "data": [_model_card(mock, n, created) for n in mock.served_models]}
+            {
+                "object": "list",
+                "data": [
+                    model_card(n, mock.root or n, mock.max_model_len, created) for n in mock.served_models
+                ],
+            }
         )
 
     async def tokenize(request: web.Request) -> web.Response:

@@ -44,6 +44,7 @@ from agl_lite.testing.mock_vllm_http import (
     gen_params,
     int_field,
     json_response,
+    model_card,
     read_json,
 )
 from agl_lite.testing.mock_vllm_scenario import ErrorReply
@@ -237,16 +238,7 @@ class TinyVLLM:
         return json_response({"served": rows, "next": self.served_total})
 
     async def handle_models(self, _request: web.Request) -> web.Response:
-        card = {
-            "id": self.served_model,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "vllm",
-            "root": self.served_model,
-            "parent": None,
-            "max_model_len": self.max_model_len,
-            "permission": [],
-        }
+        card = model_card(self.served_model, self.served_model, self.max_model_len, int(time.time()))
         return json_response({"object": "list", "data": [card]})
 
 

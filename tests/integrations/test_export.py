@@ -4,7 +4,6 @@ daemon places it and VERL's GRPO advantage within each group, in JSONL and Parqu
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,20 +16,7 @@ from agl_lite.core.server import Gateway
 from agl_lite.integrations.export import export_trajectories, grpo_advantages
 from agl_lite.store.base import EventSpec, RolloutSpec
 from agl_lite.store.records import RolloutStatus
-from tests.client.conftest import CHAIN, FAST, NO_UPSTREAM, make_call, sqlite_options, store_of
-from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
-
-
-@pytest.fixture
-async def gw(gateway_factory: GatewayFactory, tmp_path: Path) -> AsyncIterator[Gateway]:
-    async with gateway_factory(NO_UPSTREAM, chain=CHAIN, addons=sqlite_options(tmp_path / "store.db")) as g:
-        yield g
-
-
-@pytest.fixture
-async def admin(gw: Gateway) -> AsyncIterator[AglLiteClient]:
-    async with AglLiteClient(gateway_url(gw), ADMIN_KEY, retry=FAST) as c:
-        yield c
+from tests.client.conftest import make_call, store_of
 
 
 async def _populate(gateway: Gateway) -> None:
@@ -60,10 +46,10 @@ async def _export(client: AglLiteClient, path: Path, fmt: str) -> list[dict[str,
 
 
 async def test_each_rollout_is_one_merged_row_with_its_mask_reward_and_group_advantage(
-    admin: AglLiteClient, gw: Gateway, tmp_path: Path
+    client: AglLiteClient, gateway: Gateway, tmp_path: Path
 ) -> None:
-    await _populate(gw)
-    rows = await _export(admin, tmp_path / "t.jsonl", "jsonl")
+    await _populate(gateway)
+    rows = await _export(client, tmp_path / "t.jsonl", "jsonl")
     by_id = {r["rollout_id"]: r for r in rows}
     a = by_id["a"]
     assert a["prompt_ids"] == [1, 2, 3]
@@ -78,10 +64,10 @@ async def test_each_rollout_is_one_merged_row_with_its_mask_reward_and_group_adv
     assert by_id["d"]["advantage"] == 2.0  # a group of one keeps its score, as in VERL
 
 
-async def test_parquet_holds_the_same_rows(admin: AglLiteClient, gw: Gateway, tmp_path: Path) -> None:
-    await _populate(gw)
-    jsonl = await _export(admin, tmp_path / "t.jsonl", "jsonl")
-    parquet = await _export(admin, tmp_path / "t.parquet", "parquet")
+async def test_parquet_holds_the_same_rows(client: AglLiteClient, gateway: Gateway, tmp_path: Path) -> None:
+    await _populate(gateway)
+    jsonl = await _export(client, tmp_path / "t.jsonl", "jsonl")
+    parquet = await _export(client, tmp_path / "t.parquet", "parquet")
     for j, p in zip(jsonl, parquet, strict=True):
         assert p["logprobs"] == pytest.approx(j["logprobs"])
         assert {k: v for k, v in p.items() if k != "logprobs"} == {
