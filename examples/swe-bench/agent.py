@@ -14,7 +14,7 @@ TMPDIR of its own (concurrent attempts must not share `~/.claude`), no telemetry
 holds nothing of the agent's but what it needs.
 
 Settings (env): `CLAUDE_BIN` (default: `node_modules/.bin/claude` beside this file, else `claude` on PATH),
-`SWE_AGENT_MODEL` (`claude-sonnet-4-5`), `SWE_AGENT_SMALL_MODEL` (`claude-haiku-4-5`; both are names
+`SWE_AGENT_MODEL` (`claude-sonnet-4-6`), `SWE_AGENT_SMALL_MODEL` (`claude-haiku-4-5`; both are names
 `routes.toml` maps), `SWE_AGENT_MAX_TURNS` (50), `SWE_AGENT_TOOLS` (`Bash,Read,Edit,Write,Glob,Grep`),
 `SWE_AGENT_TIMEOUT_S` (3000), `SWE_AGENT_MAX_OUTPUT_TOKENS` (Claude Code's own default when unset).
 """
@@ -130,7 +130,7 @@ def claude_env(scratch: Path) -> dict[str, str]:
         TMPDIR=str(tmp),
         ANTHROPIC_BASE_URL=os.environ["ANTHROPIC_BASE_URL"],
         ANTHROPIC_API_KEY=os.environ["ANTHROPIC_API_KEY"],
-        ANTHROPIC_MODEL=os.environ.get("SWE_AGENT_MODEL", "claude-sonnet-4-5"),
+        ANTHROPIC_MODEL=os.environ.get("SWE_AGENT_MODEL", "claude-sonnet-4-6"),
         # The small/fast model Claude Code uses for side calls: also a name routes.toml must map.
         ANTHROPIC_DEFAULT_HAIKU_MODEL=os.environ.get("SWE_AGENT_SMALL_MODEL", "claude-haiku-4-5"),
         ANTHROPIC_SMALL_FAST_MODEL=os.environ.get("SWE_AGENT_SMALL_MODEL", "claude-haiku-4-5"),

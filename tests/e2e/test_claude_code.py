@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLAUDE = ROOT / "examples" / "swe-bench" / "node_modules" / ".bin" / "claude"
 VERSION = "2.1.332"
 """The version examples/swe-bench/package.json pins (checked below against what is installed)."""
-MODEL, SMALL_MODEL = "claude-sonnet-4-5", "claude-haiku-4-5"
+MODEL, SMALL_MODEL = "claude-sonnet-4-6", "claude-haiku-4-5"
 CONTENT = "agl-lite was here\n"
 DONE_TEXT = "I created hello.txt."
 

@@ -48,7 +48,7 @@ CLAUDE = EXAMPLE / "node_modules" / ".bin" / "claude"
 NO_CLAUDE = "Claude Code is not installed: `make claude-code` installs it with npm" + (
     "" if shutil.which("node") else " (node is not on this machine)"
 )
-MODELS = ["claude-sonnet-4-5", "claude-haiku-4-5"]
+MODELS = ["claude-sonnet-4-6", "claude-haiku-4-5"]
 I1, I2 = "agl-lite__tiny-calc-1", "agl-lite__tiny-calc-2"
 K8S_SCHEMA = "1.31.0"
 TEST_CMD = f"{sys.executable} -m pytest -rA -p no:cacheprovider"
