@@ -11,6 +11,7 @@ output goes into the attempt's message, with the rollout's keys redacted.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import shutil
@@ -41,6 +42,11 @@ SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 SECRET_VARS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AGL_GRADER_KEY")
 REDACTED = "[redacted]"
+
+_PERMANENT_START_ERRORS = frozenset(
+    {errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR, errno.EISDIR, errno.EPERM}
+)
+"""Why a program cannot start whatever the attempt: the rest (EBADF, EMFILE, ENOMEM, EAGAIN...) may pass."""
 
 log = structlog.get_logger("agl_lite.runner")
 
@@ -227,10 +233,16 @@ class LocalBackend:
         try:
             proc = await self._start(argv, env, mine, sandboxed)
         except OSError as exc:
+            # The program was there and runnable a moment ago (`cannot_start`): a failure now is the machine's
+            # (no fds or memory left, a descriptor gone under the start), which another attempt may not meet.
+            permanent = exc.errno in _PERMANENT_START_ERRORS
+            log.warning(
+                "a step could not start", step=name, program=argv[0], error=repr(exc), retry=not permanent
+            )
             return Outcome(
                 AttemptStatus.FAILED,
                 message=f"{name}: cannot start {argv[0]!r}: {exc.strerror or exc}",
-                retryable=False,
+                retryable=not permanent,
             )
         run.proc = proc
         if run.stopped is not None:  # stopped while it was being started

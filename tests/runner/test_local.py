@@ -4,6 +4,7 @@ process group, the output tail, and the grading step."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import sys
@@ -123,6 +124,25 @@ async def test_a_command_that_cannot_start_fails_without_retry(tmp_path: Path) -
     outcome = await LocalBackend(s, {}).launch(launch_of(s, runner={"command": [str(tmp_path / "nope")]}))
     assert (outcome.status, outcome.retryable) == (AttemptStatus.FAILED, False)
     assert "cannot start" in (outcome.message or "")
+
+
+@pytest.mark.parametrize(
+    ("code", "retryable"), [(errno.EBADF, True), (errno.EMFILE, True), (errno.ENOENT, False)]
+)
+async def test_a_start_the_machine_failed_is_retried_one_the_program_failed_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, retryable: bool
+) -> None:
+    """Seen once in ~3,000 forked agents: a start that failed with EBADF failed its rollout for good."""
+    s = settings(tmp_path)
+    backend = LocalBackend(s, {})
+
+    async def failing_start(*_: object) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(backend, "_start", failing_start)
+    outcome = await backend.launch(launch_of(s, runner={"command": "pwd"}))
+    assert (outcome.status, outcome.retryable) == (AttemptStatus.FAILED, retryable)
+    assert os.strerror(code) in (outcome.message or "")
 
 
 async def test_no_command_at_all_fails_without_retry(tmp_path: Path) -> None:
