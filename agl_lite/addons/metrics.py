@@ -149,8 +149,7 @@ class Metrics:
             outcome = "error"
         else:
             outcome = "ok"
-        key = _bounded(counts.requests, (route, status, outcome))
-        counts.requests[key] = counts.requests.get(key, 0) + 1
+        _count(counts.requests, (route, status, outcome))
         _observe(counts.duration, (route,), (flow.t_end or time.monotonic()) - flow.t_start)
         if flow.id not in self._llm_flows:
             return
@@ -164,11 +163,10 @@ class Metrics:
             _count(counts.upstream_requests, (model, upstream, "error"))
         target = flow.upstream
         name = target.name if target is not None else "none"
-        answered = response is not None and response.from_upstream
         if isinstance(flow.error, UpstreamError):
             _count(counts.upstream_errors, (model, name, flow.error.type))
             attempt = "error"
-        elif response is not None and answered:
+        elif response is not None and response.from_upstream:
             if response.status >= 500:
                 _count(counts.upstream_errors, (model, name, f"http_{response.status}"))
             attempt = f"{response.status // 100}xx"
@@ -189,13 +187,12 @@ class Metrics:
         for kind in ("prompt", "completion"):
             n = usage.get(f"{kind}_tokens")
             if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-                key = _bounded(tokens, (model, kind))
-                tokens[key] = tokens.get(key, 0) + n
+                _count(tokens, (model, kind), n)
 
 
-def _count(counts: dict[tuple[str, ...], int], key: tuple[str, ...]) -> None:
+def _count(counts: dict[Any, int], key: tuple[str, ...], n: int = 1) -> None:
     key = _bounded(counts, key)
-    counts[key] = counts.get(key, 0) + 1
+    counts[key] = counts.get(key, 0) + n
 
 
 def _observe(histograms: dict[tuple[str, ...], Histogram], key: tuple[str, ...], value: float) -> None:

@@ -187,7 +187,7 @@ class _UpstreamGauges(Collector):
             labels=["model", "upstream"],
         )
         now = time.monotonic()
-        for state in {id(st): st for st in self._route.models()}.values():
+        for state in self._route.models():
             for up in state.upstreams:
                 in_flight.add_metric([state.name, up.base], up.inflight)
                 cooling.add_metric([state.name, up.base], 0.0 if up.healthy(now) else 1.0)
@@ -291,8 +291,8 @@ class Route:
         self._refresh_models_body()
 
     def models(self) -> list[_ModelState]:
-        """Every routed model's state (a model with aliases is there once per name)."""
-        return list(self._by_name.values())
+        """Every routed model's state, once (its aliases share it)."""
+        return list({id(st): st for st in self._by_name.values()}.values())
 
     def _refresh_models_body(self) -> None:
         self._model_cards = {

@@ -52,12 +52,12 @@ _AIOHTTP_SHUTDOWN_S = 1.0
 the flows in flight finish or cut them."""
 
 CORE_ROUTES = (HttpRoute("healthz", "GET", "/healthz", Scope.PUBLIC, RouteKind.API, "Liveness probe."),)
+"""Routes the core answers itself."""
 _UNMATCHED = HttpRoute(
     "unmatched", "*", "*", Scope.PUBLIC, RouteKind.API, "A request no route took (404, 405)."
 )
 """The route of a flow made only to be counted and logged: its request matched no route, and no hook but
 `flow_done` sees it."""
-"""Routes the core answers itself."""
 
 
 class Gateway:
@@ -173,7 +173,6 @@ class Gateway:
                 route=_UNMATCHED,
                 response=error_response(exc),
             )
-            unmatched.t_end = time.monotonic()
             await self._finished(unmatched, request.path)
             return _json_web_response(exc.status, exc.body(), exc.headers)
         flow = Flow(
@@ -226,12 +225,12 @@ class Gateway:
             self._flows.discard(flow)
             if not self._flows:
                 self._idle.set()
-            flow.t_end = time.monotonic()
             await self._finished(flow, request.path)
 
     async def _finished(self, flow: Flow, path: str) -> None:
         """Every request's end, routed or not: `flow_done` (metrics count it) and its access-log line, with the
         path the client sent (an addon may have rewritten the flow's, as the Anthropic one does)."""
+        flow.t_end = end = time.monotonic()
         await self.addons.flow_done(flow)
         if self._access_log:
             log.info(
@@ -240,7 +239,7 @@ class Gateway:
                 path=path,
                 route=flow.route.name,
                 status=flow.response.status if flow.response else None,
-                ms=round(((flow.t_end or time.monotonic()) - flow.t_start) * 1000, 2),
+                ms=round((end - flow.t_start) * 1000, 2),
             )
 
     async def _drained(self, deadline: float) -> None:

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agl_lite.addons.metrics import Metrics
 from agl_lite.core.config import DEFAULT_CHAIN
 from agl_lite.testing import MockVLLM, Scenario, running_mock
+from tests.addons.test_metrics import scrape as scrape_text
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -26,12 +27,8 @@ LOG = {"log": {"access_log": True}, "server": {"max_body_bytes": 1000, "body_tim
 
 
 def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    return {
-        tuple(sorted(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == name
-    }
+    """One family's samples of a scrape, by their sorted labels."""
+    return {labels: value for (n, labels), value in scrape_text(text).items() if n == name}
 
 
 async def scrape(s: aiohttp.ClientSession, base: str) -> str:
