@@ -93,7 +93,11 @@ class Repo(Protocol):
     def events(
         self, rollout_id: str, kind: str | None, after_seq: int, limit: int, max_bytes: int | None = None
     ) -> list[Event]: ...
-    def add_call(self, call: LLMCall) -> int: ...
+    def add_call(self, call: LLMCall, event: Event | None = None) -> int:
+        """Store a call and (attributed, not late) its `llm_call` event: a backend may keep both in one row, and
+        `events` then reads that event in its place in the rollout's sequence."""
+        ...
+
     def rollout_tokens(self, rollout_id: str) -> int: ...
     def rollout_bytes(self, rollout_id: str) -> int: ...
     def calls(
@@ -556,9 +560,8 @@ class Store:
             )  # (no decode of the rollout: per call)
             # A call still in flight when its rollout ended: its record is kept, out of the finished trajectory.
             call.late = status is not None and status.terminal
-            written = repo.add_call(call)
+            event = None
             if rid is not None and status is not None and not call.late:
-                seq = repo.last_event_seq(rid) + 1
                 summary = {
                     "call_id": call.id,
                     "outcome": call.outcome.value,
@@ -566,18 +569,16 @@ class Store:
                     "model": call.model,
                     "order_key": call.order_key,
                 }
-                written += repo.add_event(
-                    Event(
-                        rid,
-                        seq,
-                        LLM_CALL_KIND,
-                        summary,
-                        call.attempt_id,
-                        "gateway",
-                        call.t_end or time.time(),
-                    )
+                event = Event(
+                    rid,
+                    repo.last_event_seq(rid) + 1,
+                    LLM_CALL_KIND,
+                    summary,
+                    call.attempt_id,
+                    "gateway",
+                    call.t_end or time.time(),
                 )
-            return written
+            return repo.add_call(call, event)
 
         def note(written: int) -> None:
             self._stored(call.rollout_id, written)

@@ -111,9 +111,9 @@ class MemoryRepo:
         out = [copy.copy(e) for e in self._events[rollout_id] if e.seq > after_seq and kind in (None, e.kind)]
         return within_bytes(out[:limit], max_bytes, _size)
 
-    def add_call(self, call: LLMCall) -> int:
+    def add_call(self, call: LLMCall, event: Event | None = None) -> int:
         self._calls.append(copy.deepcopy(call))
-        return _size(call)
+        return _size(call) + (self.add_event(event) if event is not None else 0)
 
     def rollout_bytes(self, rollout_id: str) -> int:
         return sum(_size(e) for e in self._events[rollout_id]) + sum(

@@ -25,7 +25,7 @@ import structlog
 
 from agl_lite.errors import ConfigError, HttpError, InsufficientStorage, InternalError, ServiceUnavailable
 from agl_lite.store import codec
-from agl_lite.store.base import RolloutFilter, Store, within_bytes
+from agl_lite.store.base import LLM_CALL_KIND, RolloutFilter, Store, within_bytes
 from agl_lite.store.records import (
     Attempt,
     Event,
@@ -90,6 +90,15 @@ MIGRATIONS: list[str] = [
     # sum, not a decode of every call it made (`_migrate_v3` fills it for the calls already there).
     """
     ALTER TABLE calls ADD COLUMN tokens INTEGER NOT NULL DEFAULT 0;
+    """,
+    # v4: a captured call's `llm_call` event is kept in the call's own row (its seq, its JSON), not as an `events`
+    # row of its own: one insert per call, and the seq's index entry is small where the event row held the JSON
+    # (a commit writes fewer pages). `events()` reads both tables merged by seq, so the events of earlier versions
+    # (rows in `events`) and later ones read alike: nothing to move.
+    """
+    ALTER TABLE calls ADD COLUMN event_seq INTEGER;
+    ALTER TABLE calls ADD COLUMN event BLOB;
+    CREATE INDEX calls_events ON calls (rollout_id, event_seq) WHERE event_seq IS NOT NULL;
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -175,7 +184,7 @@ _CALL_COLUMNS = (
     "id, rollout_id, attempt_id, order_key, prompt_parent, prompt_shared, prompt_tail, choice_meta, choice_ids,"
     " logprobs, body"
 )
-_INSERT_CALL = f"INSERT INTO calls ({_CALL_COLUMNS}, tokens) VALUES ({', '.join('?' * 12)})"
+_INSERT_CALL = f"INSERT INTO calls ({_CALL_COLUMNS}, tokens, event_seq, event) VALUES ({', '.join('?' * 14)})"
 _INSERT_CALL_V2 = f"INSERT INTO calls_v2 ({_CALL_COLUMNS}) VALUES ({', '.join('?' * 11)})"
 
 
@@ -200,7 +209,7 @@ class SQLiteRepo:
         self.conn = conn
         self.index = index
         self.calls_table = calls_table
-        self._tokens_column = calls_table == "calls"  # (v2's migration table predates it)
+        self._latest_columns = calls_table == "calls"  # (v2's migration table predates tokens and events)
         writer = index is not None and calls_table == "calls"
         self._seqs: dict[str, int] | None = {} if writer else None
         """The writer's last event seq per rollout (its own writes are the only ones: one process owns the store);
@@ -304,7 +313,11 @@ class SQLiteRepo:
         seqs = self._seqs
         if seqs is not None and (known := seqs.get(rollout_id)) is not None:
             return known
-        row = self.conn.execute("SELECT MAX(seq) FROM events WHERE rollout_id = ?", (rollout_id,)).fetchone()
+        row = self.conn.execute(
+            "SELECT MAX(seq) FROM (SELECT MAX(seq) AS seq FROM events WHERE rollout_id = ? UNION ALL"
+            " SELECT MAX(event_seq) FROM calls WHERE rollout_id = ? AND event_seq IS NOT NULL)",
+            (rollout_id, rollout_id),
+        ).fetchone()
         return int(row[0] or 0)
 
     def add_event(self, event: Event) -> int:
@@ -313,30 +326,38 @@ class SQLiteRepo:
             "INSERT INTO events (rollout_id, seq, kind, body) VALUES (?, ?, ?, ?)",
             (event.rollout_id, event.seq, event.kind, body),
         )
+        self._took_seq(event)
+        return len(body)
+
+    def _took_seq(self, event: Event) -> None:
         seqs = self._seqs
         if seqs is not None:
             if len(seqs) >= 100_000:
-                seqs.clear()  # a cache: the table stays the truth
+                seqs.clear()  # a cache: the tables stay the truth
             seqs[event.rollout_id] = event.seq
-        return len(body)
 
     def events(
         self, rollout_id: str, kind: str | None, after_seq: int, limit: int, max_bytes: int | None = None
     ) -> list[Event]:
-        sql = "SELECT body FROM events WHERE rollout_id = ? AND seq > ?"
+        sql = "SELECT seq, body FROM events WHERE rollout_id = ? AND seq > ?"
         args: list[Any] = [rollout_id, after_seq]
         if kind is not None:
             sql += " AND kind = ?"
             args.append(kind)
-        rows = self.conn.execute(sql + " ORDER BY seq LIMIT ?", (*args, limit))
-        page = within_bytes(rows, max_bytes, lambda row: len(row[0]))
-        return [codec.event_from_json(_load(b)) for (b,) in page]
+        if kind in (None, LLM_CALL_KIND):
+            # Captured calls keep their events in their own rows (v4); the admin may post `llm_call` events too.
+            sql += " UNION ALL SELECT event_seq, event FROM calls WHERE rollout_id = ? AND event_seq > ?"
+            args += (rollout_id, after_seq)
+        rows = self.conn.execute(sql + " ORDER BY 1 LIMIT ?", (*args, limit))
+        page = within_bytes(rows, max_bytes, lambda row: len(row[1]))
+        return [codec.event_from_json(_load(b)) for _, b in page]
 
     # --- calls and token ids -------------------------------------------------------------------------------------
 
-    def add_call(self, call: LLMCall) -> int:
-        """One INSERT. The prompt is stored as `parent[:shared] + tail`, the parent being the earlier sequence of
-        the same attempt (a prompt, or a prompt and a completion) that shares the longest prefix with it."""
+    def add_call(self, call: LLMCall, event: Event | None = None) -> int:
+        """One INSERT, the call's event in the same row. The prompt is stored as `parent[:shared] + tail`, the
+        parent being the earlier sequence of the same attempt (a prompt, or a prompt and a completion) that shares
+        the longest prefix with it."""
         scope = f"{call.rollout_id}/{call.attempt_id}" if call.rollout_id is not None else None
         prompt = call.prompt_token_ids
         parent: int | None = None
@@ -365,8 +386,9 @@ class SQLiteRepo:
         packed_meta, packed_ids = pack(meta), pack(ids)
         lps_bytes = lps.tobytes() if lps is not None else None
         body = _dump(codec.call_to_json(call))
+        event_body = _dump(event.to_json()) if event is not None else None
         cur = self.conn.execute(
-            _INSERT_CALL if self._tokens_column else _INSERT_CALL_V2,
+            _INSERT_CALL if self._latest_columns else _INSERT_CALL_V2,
             (
                 call.id,
                 call.rollout_id,
@@ -379,9 +401,15 @@ class SQLiteRepo:
                 packed_ids,
                 lps_bytes,
                 body,
-                *((sum(call.tokens()),) if self._tokens_column else ()),
+                *(
+                    (sum(call.tokens()), event.seq if event else None, event_body)
+                    if self._latest_columns
+                    else ()
+                ),
             ),
         )
+        if event is not None:
+            self._took_seq(event)
         if scope is not None and prompt is not None:
             base = int(cur.lastrowid or 0) * _SLOTS
             pending = self._pending
@@ -390,7 +418,14 @@ class SQLiteRepo:
                 full = array("I", prompt)  # a later prompt of this attempt may extend prompt + completion
                 full.extend(choice.token_ids)
                 pending.append((scope, base + slot, full))
-        return len(body) + len(tail or b"") + len(packed_meta) + len(packed_ids) + len(lps_bytes or b"")
+        return (
+            len(body)
+            + len(tail or b"")
+            + len(packed_meta)
+            + len(packed_ids)
+            + len(lps_bytes or b"")
+            + len(event_body or b"")
+        )
 
     def rollout_bytes(self, rollout_id: str) -> int:
         """What `add_event` and `add_call` said they wrote for the rollout, from the rows."""
@@ -399,7 +434,9 @@ class SQLiteRepo:
         ).fetchone()[0]
         calls = self.conn.execute(
             "SELECT COALESCE(SUM(LENGTH(body) + COALESCE(LENGTH(prompt_tail), 0) + LENGTH(choice_meta)"
-            " + LENGTH(choice_ids) + COALESCE(LENGTH(logprobs), 0)), 0) FROM "
+            " + LENGTH(choice_ids) + COALESCE(LENGTH(logprobs), 0)"
+            + (" + COALESCE(LENGTH(event), 0)" if self._latest_columns else "")
+            + "), 0) FROM "
             + self.calls_table
             + " WHERE rollout_id = ?",
             (rollout_id,),

@@ -286,6 +286,42 @@ async def test_calls_round_trip_exactly_in_request_order(store: Store) -> None:
     assert [e.data["call_id"] for e in events] == ["c20", "c10"]  # events in commit order; calls by order_key
 
 
+async def test_call_events_take_their_place_in_the_rollouts_sequence(store: Store) -> None:
+    """A captured call's `llm_call` event (kept with the call in SQLite) and posted events share one sequence:
+    every read (a kind, a cursor, a page, a byte bound) sees them merged in commit order."""
+    await store.enqueue([RolloutSpec(input=1, id="r")])
+    await store.add_events("r", [EventSpec("note", 1)])
+    await store.add_call(call("r", 10, [1, 2], [[3]]))
+    await store.add_events("r", [EventSpec("reward", 0.5)])
+    await store.add_events("r", [EventSpec("llm_call", {"call_id": "posted"})])  # the admin key may post one
+    await store.add_call(call("r", 5, [1, 2, 3, 4], [[5]]))
+    (last,) = await store.add_events("r", [EventSpec("note", 2)])
+    events = await store.events("r")
+    assert [(e.seq, e.kind) for e in events] == [
+        (1, "note"),
+        (2, "llm_call"),
+        (3, "reward"),
+        (4, "llm_call"),
+        (5, "llm_call"),
+        (6, "note"),
+    ]
+    assert last.seq == 6
+    assert events[1].data == {
+        "call_id": "c10",
+        "outcome": "ok",
+        "response_id": None,
+        "model": None,
+        "order_key": 10,
+    }
+    assert (events[1].source, events[1].attempt_id, events[3].source) == ("gateway", "a1", "admin")
+    calls = await store.events("r", kind="llm_call")
+    assert [(e.seq, e.data["call_id"]) for e in calls] == [(2, "c10"), (4, "posted"), (5, "c5")]
+    assert [e.seq for e in await store.events("r", kind="note")] == [1, 6]
+    assert [e.seq for e in await store.events("r", after_seq=2, limit=2)] == [3, 4]
+    assert [e.seq for e in await store.events("r", after_seq=3, limit=10, max_bytes=1)] == [4]
+    assert [e.seq for e in await store.events("r", kind="llm_call", after_seq=4)] == [5]
+
+
 async def test_unattributed_calls_are_kept_apart(store: Store) -> None:
     admin_call = call(None, 5, [1, 2, 3], [[4]])
     await store.add_call(admin_call)

@@ -227,10 +227,84 @@ async def test_a_v1_store_is_migrated_with_its_calls(tmp_path: Path) -> None:
     finally:
         await store.close()
     conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert not tables & {"token_seqs", "call_choices", "calls_v2"}
     conn.close()
+
+
+async def test_a_v3_stores_call_events_read_on_in_one_sequence(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """v3 kept a call's `llm_call` event as an `events` row; v4 keeps it in the call's row. A v3 file (its rows
+    written here as v3 wrote them) reads as before, and the sequence goes on after its events."""
+    from agl_lite.store.codec import call_to_json
+    from agl_lite.store.records import Event
+    from agl_lite.store.tokens import pack
+
+    db = tmp_path / "v3.db"
+    with monkeypatch.context() as m:
+        m.setattr(sqlite_module, "SCHEMA_VERSION", 3)
+        store = await SQLiteStore.open(db)
+        await store.enqueue([RolloutSpec(input=1, id="r")])
+        await store.close()
+    old = turn_call(1, [1, 2], [3])
+    event = Event("r", 1, "llm_call", {"call_id": "c1", "order_key": 1}, "a", "gateway", 1.0)
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute(
+        "INSERT INTO calls (id, rollout_id, attempt_id, order_key, prompt_shared, prompt_tail, choice_meta,"
+        " choice_ids, body, tokens) VALUES ('c1', 'r', 'a', 1, 0, ?, ?, ?, ?, 1)",
+        (
+            pack(array("I", [1, 2])),
+            pack(array("I", [0, 1, 0xFFFFFFFF])),
+            pack(array("I", [3])),
+            orjson.dumps(call_to_json(old)),
+        ),
+    )
+    conn.execute(
+        "INSERT INTO events (rollout_id, seq, kind, body) VALUES ('r', 1, 'llm_call', ?)",
+        (orjson.dumps(event.to_json()),),
+    )
+    conn.close()
+
+    store = await SQLiteStore.open(db)
+    try:
+        assert await store.calls("r") == [old]
+        (reward,) = await store.add_events("r", [EventSpec("reward", 1.0)])
+        await store.add_call(turn_call(2, [1, 2, 3, 4], [5]))
+        assert [(e.seq, e.kind) for e in await store.events("r")] == [
+            (1, "llm_call"),
+            (2, "reward"),
+            (3, "llm_call"),
+        ]
+        assert [e.data["call_id"] for e in await store.events("r", kind="llm_call")] == ["c1", "c2"]
+        assert reward.seq == 2
+    finally:
+        await store.close()
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert conn.execute("SELECT COUNT(*) FROM events").fetchone() == (
+        2,
+    )  # the new call's event is in its row
+    conn.close()
+
+
+async def test_the_sequence_goes_on_after_a_call_event_when_the_store_reopens(tmp_path: Path) -> None:
+    """The writer remembers each rollout's last seq; a reopened store reads it from both tables."""
+    db = tmp_path / "s.db"
+    store = await SQLiteStore.open(db)
+    try:
+        await store.enqueue([RolloutSpec(input=1, id="r")])
+        await store.add_events("r", [EventSpec("note")])
+        await store.add_call(turn_call(1, [1], [2]))
+    finally:
+        await store.close()
+    store = await SQLiteStore.open(db)
+    try:
+        (note,) = await store.add_events("r", [EventSpec("note")])
+        assert note.seq == 3
+    finally:
+        await store.close()
 
 
 async def test_a_batch_that_finds_the_database_locked_waits_on_the_writer_thread(tmp_path: Path) -> None:
