@@ -27,6 +27,14 @@ START_TIMEOUT_S = 120.0
 """The fork server's preloads may take a while on a cold machine (an SDK's first import compiles it)."""
 
 
+class _Output(asyncio.StreamReaderProtocol):
+    """A step's output: at its end the transport closes its socket (a stream protocol's default keeps it open)."""
+
+    def eof_received(self) -> bool:
+        super().eof_received()
+        return False
+
+
 class ForkServerError(Exception):
     """The fork server could not be started or is gone; the step can be started as a fresh process instead."""
 
@@ -190,23 +198,27 @@ class ForkServer:
         ctl = self._ctl
         assert ctl is not None
         loop = asyncio.get_running_loop()
-        out_r, out_w = os.pipe()
+        # The step's output comes over a socket, not a pipe: uvloop's read-pipe transport closes its fd itself and
+        # the pipe's file object closes it again when collected, by then maybe another file's number (a later
+        # step's "Bad file descriptor"). A socket is closed once by either loop's transport.
+        out_r, out_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        out_r.shutdown(socket.SHUT_WR)  # the step's stdout is for writing: a read of it sees the end at once
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._next += 1
         step_id = self._next
         fut: asyncio.Future[int] = loop.create_future()
         self._pending[step_id] = fut
         try:
-            fds = array.array("i", [theirs.fileno(), out_w])
+            fds = array.array("i", [theirs.fileno(), out_w.fileno()])
             ctl.sendmsg([json.dumps({"id": step_id}).encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
         except OSError as exc:
             self._pending.pop(step_id, None)
-            os.close(out_r)
+            out_r.close()
             mine.close()
             raise ForkServerError(f"the fork server is gone: {exc}") from exc
         finally:
             theirs.close()
-            os.close(out_w)
+            out_w.close()
         # The request goes to the step's own socket, read by the child after the fork (never by the server).
         request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": str(cwd), "sandbox": sandbox})
         try:
@@ -219,7 +231,7 @@ class ForkServer:
         try:
             pid = await fut
         except BaseException:
-            os.close(out_r)
+            out_r.close()
             raise
         child = _Child(pid)
         early = self._early.pop(step_id, None)
@@ -228,8 +240,7 @@ class ForkServer:
         else:
             self._children[step_id] = child
         reader = asyncio.StreamReader()
-        pipe = os.fdopen(out_r, "rb", buffering=0)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        await loop.connect_accepted_socket(lambda: _Output(reader), out_r)
         return GroupProcess(child, OutputTail(tail_bytes), reader)
 
     async def close(self) -> None:

@@ -4,7 +4,7 @@ interpreter start and the imports. Started by `forkserver.py` as `PYTHON -P zygo
 socket's fd in SETTINGS; stdlib only, like `sandbox.py`, whose confinement each step goes through unchanged.
 
 What a step's secrets never touch: this process. It receives only file descriptors (the step's own socket and its
-output pipe); the step's child reads its argv, env and sandbox spec from its socket after the fork, so no agent
+output socket); the step's child reads its argv, env and sandbox spec from its socket after the fork, so no agent
 key, and no other rollout's data, ever sits in the memory every later step inherits.
 """
 
