@@ -256,7 +256,7 @@ async def test_a_v3_stores_call_events_read_on_in_one_sequence(
         " choice_ids, body, tokens) VALUES ('c1', 'r', 'a', 1, 0, ?, ?, ?, ?, 1)",
         (
             pack(array("I", [1, 2])),
-            pack(array("I", [0, 1, 0xFFFFFFFF])),
+            pack(array("I", [0, 1, sqlite_module._NO_LOGPROBS])),
             pack(array("I", [3])),
             orjson.dumps(call_to_json(old)),
         ),
@@ -283,9 +283,8 @@ async def test_a_v3_stores_call_events_read_on_in_one_sequence(
         await store.close()
     conn = sqlite3.connect(db)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
-    assert conn.execute("SELECT COUNT(*) FROM events").fetchone() == (
-        2,
-    )  # the new call's event is in its row
+    # The v3 call's event row and the reward: the new call's event is in the call's row.
+    assert conn.execute("SELECT COUNT(*) FROM events").fetchone() == (2,)
     conn.close()
 
 
