@@ -1,3 +1,4 @@
-"""Helpers of the capture addon, one concern per module: what the client sees (`strip`), what gets recorded
-(`assemble`). They know vLLM's wire format but nothing of flows, hooks or storage.
+"""The capture addon's library, one concern per module: what to ask vLLM for (`plan`), what the client sees
+(`strip`, `client_view`), what the upstream said (`assemble`) and the record of a finished flow (`record`). They know
+vLLM's wire format and read flows, but know nothing of hooks or storage.
 """

@@ -1,0 +1,64 @@
+"""What capture asks vLLM for beyond the client's request, and what of it the client must then not see.
+
+A record needs the exact token ids (`return_token_ids`), a stream needs its usage (`stream_options`), and the
+configuration may ask for logprobs. The plan is the top-level fields to add; `inject` sets them on the request, and
+the `Strip` it comes with tells the client view (`strip`) what to take out again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from agl_lite.capture.strip import Strip
+from agl_lite.core.flow import Request
+
+__all__ = ["NOTHING", "asked", "inject", "plan"]
+
+NOTHING = Strip()
+"""Nothing injected: nothing to strip."""
+
+
+def asked(value: Any) -> bool:
+    """Whether a client's boolean option is on, as vLLM's (lax) request parsing would read it."""
+    return value is True or value == 1 or (isinstance(value, str) and value.strip().lower() in ("true", "1"))
+
+
+def plan(
+    body: dict[str, Any], api: str, *, logprobs: bool, top_logprobs: int
+) -> tuple[dict[str, Any], Strip]:
+    """The top-level fields to set upstream for the record, and what of it the client did not ask for."""
+    added: dict[str, Any] = {}
+    if not asked(body.get("return_token_ids")):
+        added["return_token_ids"] = True
+    if body.get("stream") is True:  # vLLM rejects stream_options on a non-streamed request
+        so = body.get("stream_options")
+        if not (isinstance(so, dict) and asked(so.get("include_usage"))):
+            added["stream_options"] = (
+                {**so, "include_usage": True} if isinstance(so, dict) else {"include_usage": True}
+            )
+    if logprobs:
+        if api == "chat":
+            if not asked(body.get("logprobs")):
+                added["logprobs"] = True
+                if top_logprobs and body.get("top_logprobs") is None:
+                    added["top_logprobs"] = top_logprobs
+        elif body.get("logprobs") is None:  # completions: an int, and 0 is a request too
+            added["logprobs"] = top_logprobs
+    if not added:
+        return added, NOTHING
+    return added, Strip("return_token_ids" in added, "stream_options" in added, "logprobs" in added)
+
+
+def inject(req: Request, body: dict[str, Any], added: dict[str, Any]) -> None:
+    """Set `added` on the request whose JSON object is `body` (`req.json_object()`)."""
+    if body and not any(k in body for k in added):
+        # Append the new members to the bytes rather than re-encoding a body that can hold a long context.
+        raw = req.upstream_body().rstrip()  # (re-encoded here if an earlier addon changed the JSON)
+        if raw.endswith(b"}"):
+            req.body = raw[:-1] + b"," + orjson.dumps(added)[1:]
+            body.update(added)  # the same request, for whoever reads the JSON after us
+            return
+    body.update(added)
+    req.mark_json_changed()
