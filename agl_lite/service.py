@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from agl_lite.core.addons import AddonManager, LoadedAddon, load_chain
+from agl_lite.core.addons import AddonManager, instance_entry, load_chain
 from agl_lite.core.config import GatewayConfig
 from agl_lite.core.key_source import protect_process
 from agl_lite.core.logs import configure_logging
@@ -24,10 +24,11 @@ __all__ = ["build_gateway", "check_config", "running_gateway", "serve"]
 def build_gateway(config: GatewayConfig, extra_addons: Sequence[Any] = ()) -> Gateway:
     """A gateway with the config's addon chain instantiated (nothing started yet).
 
-    `extra_addons` are addon instances appended to the chain, e.g. a probe in a test.
+    `extra_addons` are addon instances appended to the chain (e.g. a recorder in a test), each configured with
+    its options like a chain entry: from `[addons."module:Class"]` when the config has it, else its defaults.
     """
     chain = load_chain(config)
-    chain += [LoadedAddon(type(addon).__name__, addon) for addon in extra_addons]
+    chain += [instance_entry(addon, config) for addon in extra_addons]
     return Gateway(config, AddonManager(chain))
 
 

@@ -69,6 +69,52 @@ async def test_custom_addon_writes_one_line_per_llm_call(tmp_path: Path) -> None
     assert lines[1]["stream_events"] == len(chunks) + 1  # every chunk the SDK saw, plus [DONE]
 
 
+@pytest.mark.usefixtures("custom_addon_on_path")
+async def test_custom_addon_runs_as_an_instance_with_its_default_options(tmp_path: Path) -> None:
+    """The README's `running_gateway(config, extra_addons=[Audit()])`: configured with its `Options` defaults
+    (it used to get `None` and crash on `options.path`)."""
+    from audit import Audit  # type: ignore[import-not-found]
+
+    async with running_mock(MockVLLM(("smollm2",))) as url:
+        config = write_config(tmp_path, {"smollm2": [url]})
+        async with running_gateway(config, extra_addons=[Audit()]) as gw:
+            client = openai.AsyncOpenAI(base_url=gateway_url(gw) + "/v1", api_key=ADMIN_KEY, max_retries=0)
+            await client.chat.completions.create(
+                model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+    (line,) = (tmp_path / "audit.jsonl").read_text().splitlines()  # the default path, beside the config
+    assert json.loads(line)["status"] == 200
+
+
+@pytest.mark.usefixtures("custom_addon_on_path")
+async def test_custom_addon_joins_the_default_chain_before_the_sink(tmp_path: Path) -> None:
+    """`[addons] extra = ["audit:Audit"]`: the default chain plus the user's addon, placed before `sink`."""
+    async with running_mock(MockVLLM(("smollm2",))) as url:
+        config = write_config(
+            tmp_path,
+            {"smollm2": [url]},
+            chain=DEFAULT_CHAIN,
+            addons={"audit:Audit": {"path": "calls.jsonl"}},
+            extra={"addons": {"extra": ["audit:Audit"]}},
+        )
+        assert config.full_chain == (*DEFAULT_CHAIN[:-1], "audit:Audit", "sink")
+        async with running_gateway(config) as gw:
+            client = openai.AsyncOpenAI(base_url=gateway_url(gw) + "/v1", api_key=ADMIN_KEY, max_retries=0)
+            await client.chat.completions.create(
+                model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+    (line,) = (tmp_path / "calls.jsonl").read_text().splitlines()
+    assert json.loads(line)["model"] == "smollm2"
+
+
+def test_the_custom_addon_imports_one_module_of_agl_lite() -> None:
+    """An addon written from the docs needs `agl_lite.addon` and nothing else of agl-lite."""
+    tree = ast.parse((EXAMPLES / "custom_addon" / "audit.py").read_text())
+    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert {m for m in modules if m.split(".")[0] == "agl_lite"} == {"agl_lite.addon"}
+
+
 # --- docs/client.md: the training-loop sketch ---------------------------------------------------------------
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "client.md"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from agl_lite.core.routes import HttpRoute
 from agl_lite.core.services import LoadContext
 from agl_lite.errors import ConfigError, HttpError, InternalError
 
-__all__ = ["AddonManager", "LoadedAddon", "check_order", "load_chain"]
+__all__ = ["AddonManager", "LoadedAddon", "check_order", "instance_entry", "load_chain", "parse_options"]
 
 log = structlog.get_logger("agl_lite.addons")
 
@@ -48,23 +48,35 @@ def load_chain(config: GatewayConfig) -> list[LoadedAddon]:
     """Instantiate the chain's addons with their typed options (`[addons.NAME]` checked by their `Options`)."""
     loaded = []
     seen: set[str] = set()
-    for spec in config.chain:
+    for spec in config.full_chain:
         if spec in seen:
             raise ConfigError(f"{config.source}: addon {spec!r} appears twice in addons.chain")
         seen.add(spec)
         cls = resolve_addon(spec)
-        options_cls = getattr(cls, "Options", None)
-        table = config.addons.get(spec, {})
-        if options_cls is None:
-            if table:
-                raise ConfigError(
-                    f"{config.source}: addon {spec!r} takes no options, but [addons.{spec}] sets some"
-                )
-            options = None
-        else:
-            options = parse_dataclass(options_cls, table, file=config.source, where=f"addons.{spec}")
-        loaded.append(LoadedAddon(spec, cls(), options))
+        loaded.append(LoadedAddon(spec, cls(), parse_options(cls, config.addons.get(spec, {}), config, spec)))
     return loaded
+
+
+def parse_options(cls: type, table: Mapping[str, Any], config: GatewayConfig, name: str) -> Any:
+    """The addon class's `Options` from its `[addons.NAME]` table (defaults for what it leaves out); None for an
+    addon that takes no options, which then must be given none."""
+    options_cls = getattr(cls, "Options", None)
+    if options_cls is None:
+        if table:
+            raise ConfigError(
+                f"{config.source}: addon {name!r} takes no options, but [addons.{name}] sets some"
+            )
+        return None
+    return parse_dataclass(options_cls, table, file=config.source, where=f"addons.{name}")
+
+
+def instance_entry(addon: Any, config: GatewayConfig) -> LoadedAddon:
+    """An addon instance as a chain entry (tests, `running_gateway(extra_addons=...)`): named by its import
+    string, its options parsed from `[addons."module:Class"]` if the config has that table, else its defaults, as
+    for an addon the chain names."""
+    cls = type(addon)
+    name = f"{cls.__module__}:{cls.__qualname__}"
+    return LoadedAddon(name, addon, parse_options(cls, config.addons.get(name, {}), config, name))
 
 
 def _config_files(config: GatewayConfig) -> set[Path]:

@@ -123,10 +123,24 @@ class GatewayConfig:
     chain: tuple[str, ...] = option(
         DEFAULT_CHAIN, "Addons in order: short names or `module:Class` strings.", toml_key="addons.chain"
     )
+    extra: tuple[str, ...] = option(
+        (),
+        "Addons added to `chain` (the default one, or yours) right before its `sink`, or at its end without one: "
+        "the default chain plus yours, each still able to change the captured call before it is committed.",
+        toml_key="addons.extra",
+    )
     addons: Mapping[str, Mapping[str, Any]] = option(
         {}, "Per-addon option tables, checked by each addon's `Options`.", toml_key="addons.NAME"
     )
     source: str = option("<defaults>", "The file this config was read from (set by the loader).")
+
+    @property
+    def full_chain(self) -> tuple[str, ...]:
+        """`chain` with `extra` in its place: what the gateway loads."""
+        if not self.extra:
+            return self.chain
+        at = self.chain.index("sink") if "sink" in self.chain else len(self.chain)
+        return (*self.chain[:at], *self.extra, *self.chain[at:])
 
     @property
     def base_dir(self) -> Path:
@@ -161,25 +175,26 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 
 
 def load_config(path: str | Path) -> GatewayConfig:
-    """Load agl-lite.toml; the `[addons]` table holds `chain` and the per-addon tables."""
+    """Load agl-lite.toml; the `[addons]` table holds `chain`, `extra` and the per-addon tables."""
     data = load_toml(path)
     addons = data.pop("addons", {})
     if not isinstance(addons, dict):
         raise ConfigError(f"{path}: [addons] must be a table")
     addons = dict(addons)
-    if "chain" in addons:
-        data["chain"] = addons.pop("chain")
+    for key in ("chain", "extra"):
+        if key in addons:
+            data[key] = addons.pop(key)
     for name, table in addons.items():
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: addons.{name} must be a table of options")
     data["addons"] = addons
     data["source"] = str(path)
     config = parse_dataclass(GatewayConfig, data, file=str(path))
-    unknown = set(config.addons) - set(config.chain)
+    unknown = set(config.addons) - set(config.full_chain)
     if unknown:
         name = sorted(unknown)[0]
         raise ConfigError(
-            f"{path}: [addons.{name}] configures an addon that is not in addons.chain {list(config.chain)}"
+            f"{path}: [addons.{name}] configures an addon that is not in addons.chain {list(config.full_chain)}"
         )
     return config
 

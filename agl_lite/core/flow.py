@@ -31,6 +31,7 @@ __all__ = [
     "UpstreamObserver",
     "UpstreamTarget",
     "WholeBody",
+    "flush_transforms",
     "json_response",
 ]
 
@@ -68,6 +69,19 @@ class WholeBody:
         body = b"".join(self._parts)
         self._parts.clear()
         return self._convert(body)
+
+
+def flush_transforms(transforms: list[Transform]) -> bytes:
+    """What the transforms still owe at the end of the body: each one's leftovers go through those after it
+    before they are flushed in turn."""
+    out = b""
+    for i, t in enumerate(transforms):
+        owed = t.flush()
+        for later in transforms[i + 1 :]:
+            if owed:
+                owed = later(owed)
+        out += owed
+    return out
 
 
 class UpstreamObserver(Protocol):

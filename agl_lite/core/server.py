@@ -26,7 +26,15 @@ from agl_lite.core.addons import AddonManager
 from agl_lite.core.config import GatewayConfig
 from agl_lite.core.encoding import decode_body
 from agl_lite.core.fdlimit import raise_nofile
-from agl_lite.core.flow import Flow, Request, Response, Transform, error_response, json_response
+from agl_lite.core.flow import (
+    Flow,
+    Request,
+    Response,
+    Transform,
+    error_response,
+    flush_transforms,
+    json_response,
+)
 from agl_lite.core.http1 import HttpResponse, ProtocolError
 from agl_lite.core.routes import HttpRoute, RouteKind, RouteTable, Scope
 from agl_lite.core.sse import DoneDetector
@@ -398,7 +406,7 @@ class Gateway:
                         flow.bytes_to_client += len(pending)
                         await out.write(pending)
                     pending = chunk
-            final = _flush_chain(transforms) if transforms else b""
+            final = flush_transforms(transforms) if transforms else b""
             if not ended:
                 ended = True
                 await self.addons.response_end(flow)
@@ -518,19 +526,6 @@ def _cut_by_us(flow: Flow) -> bool:
     return flow.abort_error is not None and task is not None and task.uncancel() == 0
 
 
-def _flush_chain(transforms: list[Transform]) -> bytes:
-    """What the transforms still owe at the end of the body: each one's leftovers go through those after it
-    before they are flushed in turn."""
-    out = b""
-    for i, t in enumerate(transforms):
-        owed = t.flush()
-        for later in transforms[i + 1 :]:
-            if owed:
-                owed = later(owed)
-        out += owed
-    return out
-
-
 def _refusal(transforms: list[Transform], err: HttpError, *, flushed: bool) -> bytes:
     """The error event a stream ends with instead of its end, in the client's dialect: a transform that owes its
     client an end of its own (`refuse(err)`, e.g. the Anthropic translation) says it; the others pass it on."""
@@ -539,7 +534,7 @@ def _refusal(transforms: list[Transform], err: HttpError, *, flushed: bool) -> b
         for t in transforms:
             refuse = getattr(t, "refuse", None)
             frame = refuse(err) if refuse is not None else t(frame)
-        return frame if flushed else frame + _flush_chain(transforms)
+        return frame if flushed else frame + flush_transforms(transforms)
     except Exception as exc:  # a transform that cannot take the error must not hide it from the client
         log.error("a transform failed on the refusal event", error=repr(exc), exc_info=exc)
         return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
@@ -554,7 +549,7 @@ def _apply(transforms: list[Transform], data: bytes) -> bytes:
 def _through(transforms: list[Transform], event: bytes) -> bytes:
     """`event` and then the end of the body through the transforms; the raw event if one of them fails."""
     try:
-        return _apply(transforms, event) + _flush_chain(transforms)
+        return _apply(transforms, event) + flush_transforms(transforms)
     except Exception as exc:  # a transform that cannot take the error must not hide it from the client
         log.error("a transform failed on the in-band error event", error=repr(exc), exc_info=exc)
         return event

@@ -12,10 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from agl_lite.core.config import GatewayConfig, option
-from agl_lite.core.flow import Flow
-from agl_lite.core.routes import RouteKind
-from agl_lite.core.sse import SSEParser
+from agl_lite.addon import Flow, GatewayConfig, RouteKind, SSEParser, option
 
 
 class Audit:

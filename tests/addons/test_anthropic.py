@@ -23,8 +23,9 @@ from agl_lite.core.routes import HttpRoute
 from agl_lite.core.server import Gateway
 from agl_lite.errors import BadRequest, ModelNotFound, TooManyRequests
 from agl_lite.store.base import STORE, Store
-from agl_lite.store.records import CallOutcome, LLMCall
+from agl_lite.store.records import CallOutcome
 from agl_lite.testing import MockVLLM, running_mock
+from agl_lite.testing.addons import FlowRecorder
 from agl_lite.testing.flows import make_flow
 from agl_lite.testing.servers import serve_app
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
@@ -222,35 +223,11 @@ class Replay:
         return resp
 
 
-class Probe:
-    def __init__(self) -> None:
-        self.flows: list[Flow] = []
-        self.changed = asyncio.Event()
-
-    def flow_done(self, flow: Flow) -> None:
-        self.flows.append(flow)
-        self.changed.set()
-
-    async def wait(self) -> Flow:
-        """The flow of the one call the test made, once it is done."""
-        async with asyncio.timeout(5):
-            while not self.flows:
-                self.changed.clear()
-                await self.changed.wait()
-        (flow,) = self.flows
-        return flow
-
-    async def record(self) -> LLMCall:
-        rec = (await self.wait()).metadata["capture.record"]
-        assert isinstance(rec, LLMCall)
-        return rec
-
-
 @dataclass
 class Setup:
     gateway: Gateway
     replay: Replay
-    probe: Probe
+    probe: FlowRecorder
 
     @property
     def store(self) -> Store:
@@ -270,7 +247,7 @@ CHAIN = ("store", "auth", "route", "anthropic", "capture", "sink")
 
 @pytest.fixture
 async def setup(gateway_factory: GatewayFactory) -> AsyncIterator[Setup]:
-    replay, probe = Replay(), Probe()
+    replay, probe = Replay(), FlowRecorder()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", replay.handle)
     async with (
@@ -368,7 +345,7 @@ async def test_bad_input_is_an_anthropic_400_and_a_rejected_record(
 async def test_a_wrong_key_is_an_anthropic_401_and_leaves_no_record(setup: Setup) -> None:
     status, raw = await setup.post("/v1/messages", BODY, headers={"x-api-key": "wrong-key-0123456789"})
     assert (status, json.loads(raw)["error"]["type"]) == (401, "authentication_error")
-    flow = await setup.probe.wait()
+    (flow,) = await setup.probe.wait()
     assert "capture.record" not in flow.metadata
 
 

@@ -6,7 +6,6 @@ written here computes the expected ids; with the mock vLLM, the expected ids com
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import re
@@ -29,6 +28,7 @@ from agl_lite.core.server import Gateway
 from agl_lite.errors import ConfigError
 from agl_lite.store.records import CallOutcome, LLMCall
 from agl_lite.testing import MockVLLM, Scenario, ToolCallSpec, running_mock
+from agl_lite.testing.addons import FlowRecorder
 from agl_lite.testing.flows import make_flow
 from agl_lite.testing.gateway import write_config
 from agl_lite.testing.servers import serve_app
@@ -110,32 +110,6 @@ def client_events(raw: bytes) -> list[Any]:
 # --- servers --------------------------------------------------------------------------------------------------------
 
 
-class Probe:
-    """Last in the chain: keeps every finished flow, so a test can wait for it and read its record."""
-
-    def __init__(self) -> None:
-        self.flows: list[Flow] = []
-        self._changed = asyncio.Event()
-
-    def flow_done(self, flow: Flow) -> None:
-        self.flows.append(flow)
-        self._changed.set()
-
-    async def wait(self, n: int = 1) -> list[Flow]:
-        async with asyncio.timeout(5):
-            while len(self.flows) < n:
-                self._changed.clear()
-                await self._changed.wait()
-        return self.flows
-
-    async def record(self) -> LLMCall:
-        """The record of the one flow the test made."""
-        (flow,) = await self.wait(1)
-        rec = flow.metadata["capture.record"]
-        assert isinstance(rec, LLMCall)
-        return rec
-
-
 @dataclass
 class Replay:
     """An upstream that answers with the raw bytes of a capture, event by event, optionally stopping early."""
@@ -168,7 +142,7 @@ class Replay:
 class ReplaySetup:
     replay: Replay
     gateway: Gateway
-    probe: Probe
+    probe: FlowRecorder
 
     async def post(self, path: str, body: dict[str, Any], key: str = ADMIN_KEY) -> tuple[int, bytes]:
         headers = {"Authorization": f"Bearer {key}"}
@@ -179,7 +153,7 @@ class ReplaySetup:
 
 @pytest.fixture
 async def rs(gateway_factory: GatewayFactory) -> AsyncIterator[ReplaySetup]:
-    replay, probe = Replay(), Probe()
+    replay, probe = Replay(), FlowRecorder()
     app = web.Application()
     app.router.add_post(CHAT, replay.handle)
     app.router.add_post(COMPLETIONS, replay.handle)
@@ -195,7 +169,7 @@ class MockSetup:
     mock: MockVLLM
     mock_url: str
     gateway: Gateway
-    probe: Probe
+    probe: FlowRecorder
 
     def via(self, prefix: str = "", key: str = ADMIN_KEY) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(
@@ -225,7 +199,7 @@ class MockSetup:
 
 @pytest.fixture
 async def ms(gateway_factory: GatewayFactory) -> AsyncIterator[MockSetup]:
-    mock, probe = MockVLLM(("smollm2",), seed=7), Probe()
+    mock, probe = MockVLLM(("smollm2",), seed=7), FlowRecorder()
     async with (
         running_mock(mock) as url,
         gateway_factory({"smollm2": [url]}, extra_addons=[Capture(), probe]) as gw,
@@ -410,7 +384,7 @@ async def test_model_version_set_by_an_earlier_addon_is_recorded(gateway_factory
         def request(self, flow: Flow) -> None:
             flow.metadata["route.model_version"] = "step-42"
 
-    replay, probe = Replay(), Probe()
+    replay, probe = Replay(), FlowRecorder()
     replay.load("chat-nonstream-forced-tool-ids.json")
     app = web.Application()
     app.router.add_post(CHAT, replay.handle)
@@ -423,7 +397,7 @@ async def test_model_version_set_by_an_earlier_addon_is_recorded(gateway_factory
 
 
 async def test_unreachable_upstream_is_an_upstream_error(gateway_factory: GatewayFactory) -> None:
-    probe = Probe()
+    probe = FlowRecorder()
     app = web.Application()
     async with serve_app(app) as url:
         pass  # the port is free again: nothing listens there
@@ -576,7 +550,7 @@ async def test_client_disconnect_keeps_the_ids_received_so_far(ms: MockSetup) ->
 async def test_logprobs_option_records_logprobs_the_client_does_not_see(
     gateway_factory: GatewayFactory,
 ) -> None:
-    mock, probe = MockVLLM(("smollm2",), seed=7), Probe()
+    mock, probe = MockVLLM(("smollm2",), seed=7), FlowRecorder()
     spec = "agl_lite.addons.capture:Capture"
     async with (
         running_mock(mock) as url,

@@ -77,3 +77,18 @@ def test_public_url_defaults_to_listen_address(tmp_path: Path) -> None:
     )
     config = load_config(write(tmp_path, '[server]\npublic_url = "http://gw.example:8100/"\n'))
     assert config.public_url == "http://gw.example:8100"
+
+
+def test_extra_addons_join_the_chain_before_its_sink_or_at_its_end(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, '[addons]\nextra = ["myco.audit:Audit"]\n'))
+    assert config.chain == DEFAULT_CHAIN
+    assert config.full_chain == (*DEFAULT_CHAIN[:-1], "myco.audit:Audit", "sink")
+    config = load_config(write(tmp_path, '[addons]\nchain = ["auth", "route"]\nextra = ["x:Y", "x:Z"]\n'))
+    assert config.full_chain == ("auth", "route", "x:Y", "x:Z")
+
+
+def test_an_extra_addons_options_table_is_accepted_and_an_unknown_one_refused(tmp_path: Path) -> None:
+    text = '[addons]\nextra = ["x:Y"]\n\n[addons."x:Y"]\npath = "a"\n'
+    assert load_config(write(tmp_path, text)).addons == {"x:Y": {"path": "a"}}
+    with pytest.raises(ConfigError, match=r"\[addons.x:Z\] configures an addon that is not in addons.chain"):
+        load_config(write(tmp_path, '[addons]\nextra = ["x:Y"]\n\n[addons."x:Z"]\npath = "a"\n'))

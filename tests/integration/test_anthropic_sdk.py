@@ -20,11 +20,11 @@ import pytest
 from anthropic.types import Message, MessageTokensCount, ModelInfo, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from agl_lite.core.flow import Flow
 from agl_lite.core.keys import derive_key
 from agl_lite.core.server import Gateway
 from agl_lite.store.records import CallOutcome, LLMCall
 from agl_lite.testing import MockVLLM, Scenario, ToolCallSpec, running_mock
+from agl_lite.testing.addons import FlowRecorder
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 
 MODEL = "claude-haiku-4-5"  # Claude Code's small/fast model name, routed to the mock by an alias
@@ -37,33 +37,12 @@ QUESTION = [{"role": "user", "content": "What is 2+3?"}]
 EVENTS: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
 
 
-class Probe:
-    """Keeps every finished flow; a test waits for the n-th and reads its record."""
-
-    def __init__(self) -> None:
-        self.flows: list[Flow] = []
-        self.changed = asyncio.Event()
-
-    def flow_done(self, flow: Flow) -> None:
-        self.flows.append(flow)
-        self.changed.set()
-
-    async def record(self, n: int = 1) -> LLMCall:
-        async with asyncio.timeout(5):
-            while len(self.flows) < n:
-                self.changed.clear()
-                await self.changed.wait()
-        rec = self.flows[n - 1].metadata["capture.record"]
-        assert isinstance(rec, LLMCall)
-        return rec
-
-
 @dataclass
 class Setup:
     mock: MockVLLM
     mock_url: str
     gateway: Gateway
-    probe: Probe
+    probe: FlowRecorder
 
     def client(self, prefix: str = "", key: str = ADMIN_KEY) -> anthropic.AsyncAnthropic:
         return anthropic.AsyncAnthropic(
@@ -81,7 +60,7 @@ class Setup:
 
 @pytest.fixture
 async def setup(gateway_factory: GatewayFactory) -> AsyncIterator[Setup]:
-    mock, probe = MockVLLM(("smollm2",), seed=11), Probe()
+    mock, probe = MockVLLM(("smollm2",), seed=11), FlowRecorder()
     async with (
         running_mock(mock) as url,
         gateway_factory(
@@ -110,7 +89,7 @@ async def test_async_create_validates_and_its_record_has_the_mocks_ids(setup: Se
     assert message.id.startswith("msg_")
     assert message.stop_reason == "end_turn"
     assert message.content[0].type == "text"
-    rec = await setup.probe.record()
+    rec = await setup.probe.record(1)
     await assert_ids_are_the_mocks(setup, rec)
     assert (rec.api, rec.client_id, rec.requested_model, rec.stream) == ("messages", message.id, MODEL, False)
     assert rec.client_response == json.loads(raw.http_response.content)
@@ -124,7 +103,7 @@ async def test_stream_helper_final_message_validates_and_its_record_has_the_mock
                 EVENTS.validate_python(event.to_dict())
         final = await stream.get_final_message()
     message = Message.model_validate(final.to_dict())
-    rec = await setup.probe.record()
+    rec = await setup.probe.record(1)
     await assert_ids_are_the_mocks(setup, rec)
     assert rec.stream is True
     assert rec.client_id == message.id
@@ -200,7 +179,7 @@ async def test_beta_messages_and_count_tokens_agree_with_the_prompt_the_mock_see
     )
     count = await client.messages.count_tokens(model=MODEL, messages=QUESTION, system="Be brief.")
     MessageTokensCount.model_validate(count.to_dict())
-    rec = await setup.probe.record()
+    rec = await setup.probe.record(1)
     assert rec.prompt_token_ids is not None
     assert count.input_tokens == message.usage.input_tokens == len(rec.prompt_token_ids)
     assert [r.path for r in setup.mock.requests] == ["/v1/chat/completions", "/tokenize"]
@@ -228,7 +207,7 @@ async def test_agent_key_on_its_own_rollout_path_and_not_on_another(setup: Setup
         model=MODEL, max_tokens=8, messages=QUESTION
     )
     assert message.content
-    rec = await setup.probe.record()
+    rec = await setup.probe.record(1)
     assert (rec.rollout_id, rec.attempt_id) == ("ro-1", "at-1")
     with pytest.raises(anthropic.PermissionDeniedError) as err:
         await setup.client("/r/ro-2/a/at-1", key).messages.create(
@@ -258,7 +237,7 @@ async def test_a_mid_stream_upstream_error_reaches_the_sdk_as_an_error_event(set
     with pytest.raises(anthropic.APIStatusError, match="mock mid-stream failure"):
         async with setup.client().messages.stream(model=MODEL, max_tokens=40, messages=QUESTION) as stream:
             await stream.get_final_message()
-    rec = await setup.probe.record()
+    rec = await setup.probe.record(1)
     assert rec.outcome is CallOutcome.UPSTREAM_ERROR
     assert rec.client_response is not None
     assert rec.client_response["stop_reason"] is None  # the client never got a finished message
@@ -272,7 +251,7 @@ async def test_a_connection_reset_mid_stream_reaches_the_sdk_as_an_error_event(s
         async with setup.client().messages.stream(model=MODEL, max_tokens=40, messages=QUESTION) as stream:
             await stream.get_final_message()
     assert raised.value.body["type"] == "error"  # type: ignore[index]
-    rec = await setup.probe.record()
+    rec = await setup.probe.record(1)
     assert rec.outcome is CallOutcome.UPSTREAM_ERROR
 
 
