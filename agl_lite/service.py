@@ -25,7 +25,8 @@ def build_gateway(config: GatewayConfig, extra_addons: Sequence[Any] = ()) -> Ga
     """A gateway with the config's addon chain instantiated (nothing started yet).
 
     `extra_addons` are addon instances appended to the chain (e.g. a recorder in a test), each configured with
-    its options like a chain entry: from `[addons."module:Class"]` when the config has it, else its defaults.
+    its options: the config's `[addons."module:Class"]` when it has one, else the `options` it was built with,
+    else its defaults (`core.addons.instance_entry`).
     """
     chain = load_chain(config)
     chain += [instance_entry(addon, config) for addon in extra_addons]

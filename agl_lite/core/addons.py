@@ -70,13 +70,19 @@ def parse_options(cls: type, table: Mapping[str, Any], config: GatewayConfig, na
     return parse_dataclass(options_cls, table, file=config.source, where=f"addons.{name}")
 
 
-def instance_entry(addon: Any, config: GatewayConfig) -> LoadedAddon:
-    """An addon instance as a chain entry (tests, `running_gateway(extra_addons=...)`): named by its import
-    string, its options parsed from `[addons."module:Class"]` if the config has that table, else its defaults, as
-    for an addon the chain names."""
+def instance_entry(addon: Any, config: GatewayConfig, table: Mapping[str, Any] | None = None) -> LoadedAddon:
+    """An addon instance as a chain entry (tests, `running_gateway(extra_addons=...)`), named by its import string.
+    Its options: `table`, else the config's `[addons."module:Class"]`, parsed as for a chain entry; without either,
+    the `options` it was built with (an instance of its `Options`), else its defaults."""
     cls = type(addon)
     name = f"{cls.__module__}:{cls.__qualname__}"
-    return LoadedAddon(name, addon, parse_options(cls, config.addons.get(name, {}), config, name))
+    if table is None:
+        table = config.addons.get(name)
+    options_cls = getattr(cls, "Options", None)
+    own = getattr(addon, "options", None)
+    if table is None and options_cls is not None and isinstance(own, options_cls):
+        return LoadedAddon(name, addon, own)
+    return LoadedAddon(name, addon, parse_options(cls, table or {}, config, name))
 
 
 def _config_files(config: GatewayConfig) -> set[Path]:

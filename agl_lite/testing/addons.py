@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
-from agl_lite.core.addons import AddonManager, LoadedAddon, parse_options
+from agl_lite.core.addons import AddonManager, instance_entry
 from agl_lite.core.config import GatewayConfig
 from agl_lite.core.flow import Flow, flush_transforms
 from agl_lite.core.services import LoadContext
@@ -35,11 +35,10 @@ async def configured(
     ctx: LoadContext | None = None,
 ) -> A:
     """`addon` after its `load` and `configure`, with `options` (an `[addons.NAME]` table) checked and parsed by
-    its `Options` exactly as the gateway would: an unknown key or a bad value is the same `ConfigError`."""
+    its `Options` exactly as the gateway would: an unknown key or a bad value is the same `ConfigError`. Without
+    `options`: the `options` the addon was built with, else its defaults."""
     config = config or GatewayConfig()
-    cls = type(addon)
-    name = f"{cls.__module__}:{cls.__qualname__}"
-    manager = AddonManager([LoadedAddon(name, addon, parse_options(cls, options or {}, config, name))], ctx)
+    manager = AddonManager([instance_entry(addon, config, options)], ctx)
     await manager.load()
     await manager.configure(config)
     return addon

@@ -25,8 +25,8 @@ class Counting:
     class Options:
         every: int = option(1, "Count every n-th chunk.")
 
-    def __init__(self) -> None:
-        self.options: Counting.Options | None = None
+    def __init__(self, options: Counting.Options | None = None) -> None:
+        self.options = options
         self.loaded = False
 
     def load(self, ctx: object) -> None:
@@ -41,6 +41,9 @@ async def test_configured_runs_load_and_configure_with_options_parsed_as_the_gat
     assert addon.loaded
     assert addon.options == Counting.Options(every=3)
     assert (await configured(Counting())).options == Counting.Options()
+    built = Counting.Options(every=5)
+    assert (await configured(Counting(built))).options is built  # an instance keeps what it was built with
+    assert (await configured(Counting(built), {"every": 2})).options == Counting.Options(every=2)
     with pytest.raises(ConfigError, match=r"unknown key '.*Counting\.evry' \(did you mean 'every'\?\)"):
         await configured(Counting(), {"evry": 3})
     with pytest.raises(ConfigError, match="must be an integer"):
