@@ -24,13 +24,15 @@ __all__ = ["build_gateway", "check_config", "running_gateway", "serve"]
 def build_gateway(config: GatewayConfig, extra_addons: Sequence[Any] = ()) -> Gateway:
     """A gateway with the config's addon chain instantiated (nothing started yet).
 
-    `extra_addons` are addon instances appended to the chain (e.g. a recorder in a test), each configured with
-    its options: the config's `[addons."module:Class"]` when it has one, else the `options` it was built with,
-    else its defaults (`core.addons.instance_entry`).
+    `extra_addons` are addon instances added to the chain where `[addons] extra` goes: right before `sink` (so
+    they may still change the captured call), at the end of a chain without one. Each is configured with its
+    options: the config's `[addons."module:Class"]` when it has one, else the `options` it was built with, else
+    its defaults (`core.addons.instance_entry`).
     """
     chain = load_chain(config)
-    chain += [instance_entry(addon, config) for addon in extra_addons]
-    return Gateway(config, AddonManager(chain))
+    extra = [instance_entry(addon, config) for addon in extra_addons]
+    at = next((i for i, item in enumerate(chain) if item.name == "sink"), len(chain))
+    return Gateway(config, AddonManager([*chain[:at], *extra, *chain[at:]]))
 
 
 async def check_config(config: GatewayConfig) -> Gateway:

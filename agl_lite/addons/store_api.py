@@ -157,6 +157,17 @@ def _float(q: dict[str, str], name: str, default: float, lo: float, hi: float) -
     return _number(q, name, default, lo, hi, float)
 
 
+def _label(q: dict[str, str]) -> tuple[str, str] | None:
+    """`label=KEY:VALUE` (the value may hold colons; the key may not)."""
+    raw = q.get("label")
+    if raw is None:
+        return None
+    key, sep, value = raw.partition(":")
+    if not sep:
+        raise BadRequest(f"query parameter 'label' must be KEY:VALUE, got {raw!r}")
+    return key, value
+
+
 PAGE_BYTES = 8 * 1024 * 1024
 """Stored bytes past which a page of events or calls ends (it always holds one): a response is built whole, and a
 page of 10,000 large events took six to seven times its size in memory."""
@@ -309,11 +320,17 @@ class StoreApi:
         await self.store.get_rollout(rid)
         limit = _int(q, "limit", 100, 1, 1000)
         page_bytes = _int(q, "max_bytes", PAGE_BYTES, 1, PAGE_BYTES)
+        label = _label(q)
         calls = await self.store.calls(
-            rid, attempt, _int(q, "after_order_key", -1, -1, 2**63 - 1), limit, max_bytes=page_bytes
+            rid,
+            attempt,
+            _int(q, "after_order_key", -1, -1, 2**63 - 1),
+            limit,
+            max_bytes=page_bytes,
+            label=label,
         )
         more = len(calls) == limit or bool(
-            calls and await self.store.calls(rid, attempt, calls[-1].order_key, 1, max_bytes=1)
+            calls and await self.store.calls(rid, attempt, calls[-1].order_key, 1, max_bytes=1, label=label)
         )
         return _ok({"calls": [c.to_json() for c in calls], "more": more})
 

@@ -358,12 +358,13 @@ class AglLiteClient:
         limit: int = 1000,
         *,
         max_bytes: int | None = None,
+        label: tuple[str, str] | None = None,
     ) -> list[LLMCall]:
         """A rollout's captured calls in request order, with their token ids (unattributed calls are not served
-        over HTTP)."""
+        over HTTP); `label=(key, value)`: only those an addon labelled so."""
         if rollout_id is None:
             raise _bad("unattributed calls (rollout_id=None) are not served over HTTP")
-        return (await self._calls_page(rollout_id, attempt_id, after_order_key, limit, max_bytes))[0]
+        return (await self._calls_page(rollout_id, attempt_id, after_order_key, limit, max_bytes, label))[0]
 
     async def _calls_page(
         self,
@@ -372,24 +373,31 @@ class AglLiteClient:
         after_order_key: int,
         limit: int,
         max_bytes: int | None = None,
+        label: tuple[str, str] | None = None,
     ) -> tuple[list[LLMCall], bool]:
         params = {
             "attempt_id": attempt_id,
             "after_order_key": after_order_key,
             "limit": limit,
             "max_bytes": max_bytes,
+            "label": None if label is None else f"{label[0]}:{label[1]}",
         }
         body = await self._get(path(_R + "/calls", rollout_id), params)
         calls = [payloads.call(c) for c in body["calls"]]
         return calls, bool(body.get("more", len(calls) == limit))
 
     async def iter_calls(
-        self, rollout_id: str, *, attempt_id: str | None = None, page_size: int = 100
+        self,
+        rollout_id: str,
+        *,
+        attempt_id: str | None = None,
+        page_size: int = 100,
+        label: tuple[str, str] | None = None,
     ) -> AsyncIterator[LLMCall]:
-        """Every call of a rollout, one request per page (by `order_key`)."""
+        """Every call of a rollout (with `label`: every call so labelled), one request per page (by `order_key`)."""
         after = -1
         while True:
-            page, more = await self._calls_page(rollout_id, attempt_id, after, page_size)
+            page, more = await self._calls_page(rollout_id, attempt_id, after, page_size, label=label)
             for call in page:
                 yield call
             if not more or not page:

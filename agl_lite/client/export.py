@@ -64,6 +64,7 @@ def call_rows(rollout: Rollout, call: LLMCall, seq: int) -> Iterator[dict[str, A
             "finish_reason": choice.finish_reason,
             "text": choice.text,
             "messages": messages,
+            "labels": call.labels,
         }
 
 

@@ -252,13 +252,23 @@ class SyncAglLiteClient:
         limit: int = 1000,
         *,
         max_bytes: int | None = None,
+        label: tuple[str, str] | None = None,
     ) -> list[LLMCall]:
-        return self._run(self.aio.calls(rollout_id, attempt_id, after_order_key, limit, max_bytes=max_bytes))
+        return self._run(
+            self.aio.calls(rollout_id, attempt_id, after_order_key, limit, max_bytes=max_bytes, label=label)
+        )
 
     def iter_calls(
-        self, rollout_id: str, *, attempt_id: str | None = None, page_size: int = 100
+        self,
+        rollout_id: str,
+        *,
+        attempt_id: str | None = None,
+        page_size: int = 100,
+        label: tuple[str, str] | None = None,
     ) -> Iterator[LLMCall]:
-        return self._iterate(self.aio.iter_calls(rollout_id, attempt_id=attempt_id, page_size=page_size))
+        return self._iterate(
+            self.aio.iter_calls(rollout_id, attempt_id=attempt_id, page_size=page_size, label=label)
+        )
 
     def triplets(self, rollout_id: str, options: TripletOptions = DEFAULT_TRIPLETS) -> RolloutTriplets:
         return self._run(self.aio.triplets(rollout_id, options))

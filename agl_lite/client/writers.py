@@ -120,6 +120,7 @@ class ParquetWriter:
                 ("finish_reason", pa.string()),
                 ("text", pa.string()),
                 ("messages", pa.string()),
+                ("labels", pa.map_(pa.string(), pa.string())),
             ]
         )
         self._partial = _Partial(path)
@@ -166,6 +167,8 @@ class ParquetWriter:
                     for r in self._rows
                 ]
                 columns.append(pa.array(texts, pa.string()))
+            elif field.name == "labels":
+                columns.append(pa.array([list(r["labels"].items()) for r in self._rows], field.type))
             else:
                 columns.append(pa.array([r[field.name] for r in self._rows], field.type))
         self._writer.write_table(pa.Table.from_arrays(columns, schema=self.schema))

@@ -16,12 +16,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 import orjson
+import structlog
 
 from agl_lite.core.routes import ID_PATTERN
 from agl_lite.core.services import ServiceKey
 from agl_lite.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, QuotaExceeded
 from agl_lite.store.records import (
     ATTEMPT_NEXT,
+    LABEL_KEY,
     ROLLOUT_NEXT,
     Attempt,
     AttemptStatus,
@@ -32,6 +34,7 @@ from agl_lite.store.records import (
     Rollout,
     RolloutConfig,
     RolloutStatus,
+    label_problem,
 )
 
 __all__ = ["STORE", "EventSpec", "Repo", "RolloutFilter", "RolloutSpec", "Store", "within_bytes"]
@@ -40,6 +43,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 REWARD_KIND = "reward"
+log = structlog.get_logger("agl_lite.store")
+
 LLM_CALL_KIND = "llm_call"
 
 
@@ -107,6 +112,7 @@ class Repo(Protocol):
         after_order_key: int,
         limit: int,
         max_bytes: int | None = None,
+        label: tuple[str, str] | None = None,
     ) -> list[LLMCall]: ...
     def last_resource_version(self, name: str) -> int: ...
     def put_resource(self, resource: Resource) -> None: ...
@@ -552,6 +558,12 @@ class Store:
 
     async def add_call(self, call: LLMCall) -> None:
         """Commit a captured LLM call; an attributed one also gets an `llm_call` event in its rollout's sequence."""
+        if call.labels and (problem := label_problem(call.labels)) is not None:
+            # Labels come from addons: a bug in one must not cost the call its record. Stored without, and said.
+            log.error(
+                "labels of a captured call dropped", call=call.id, rollout=call.rollout_id, problem=problem
+            )
+            call.labels = {}
 
         def op(repo: Repo) -> int:
             rid = call.rollout_id
@@ -631,11 +643,14 @@ class Store:
         limit: int = 1000,
         *,
         max_bytes: int | None = None,
+        label: tuple[str, str] | None = None,
     ) -> list[LLMCall]:
         """Captured calls in request order (`rollout_id=None`: the unattributed admin calls); `max_bytes` bounds a
-        page as for `events`."""
+        page as for `events`; `label=(key, value)` keeps the calls whose label `key` is `value`."""
+        if label is not None and not LABEL_KEY.fullmatch(label[0]):
+            raise BadRequest(f"invalid label key {label[0]!r}: use 1-64 of A-Z a-z 0-9 _ . -")
         return await self._read(
-            lambda repo: repo.calls(rollout_id, attempt_id, after_order_key, limit, max_bytes)
+            lambda repo: repo.calls(rollout_id, attempt_id, after_order_key, limit, max_bytes, label)
         )
 
     # --- resources and models ------------------------------------------------------------------------------------

@@ -130,6 +130,7 @@ class MemoryRepo:
         after_order_key: int,
         limit: int,
         max_bytes: int | None = None,
+        label: tuple[str, str] | None = None,
     ) -> list[LLMCall]:
         out = [
             copy.deepcopy(c)
@@ -137,6 +138,7 @@ class MemoryRepo:
             if c.rollout_id == rollout_id
             and attempt_id in (None, c.attempt_id)
             and c.order_key > after_order_key
+            and (label is None or c.labels.get(label[0]) == label[1])
         ]
         return within_bytes(out[:limit], max_bytes, _size)
 

@@ -55,6 +55,7 @@ QUERIES: dict[str, dict[str, dict[str, Any]]] = {
     },
     "calls.list": {
         "attempt_id": {"type": "string"},
+        "label": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}:"},
         "after_order_key": {"type": "integer", "minimum": -1, "maximum": 2**63 - 1},
         "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
         "max_bytes": _PAGE_BYTES,

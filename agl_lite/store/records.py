@@ -7,6 +7,7 @@ timeout | lost | cancelled`. Anything else is an illegal transition (409). Token
 
 from __future__ import annotations
 
+import re
 from array import array
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -14,6 +15,9 @@ from typing import Any
 
 __all__ = [
     "ATTEMPT_NEXT",
+    "LABEL_KEY",
+    "MAX_LABELS",
+    "MAX_LABEL_VALUE",
     "ROLLOUT_NEXT",
     "Attempt",
     "AttemptStatus",
@@ -26,6 +30,7 @@ __all__ = [
     "Rollout",
     "RolloutConfig",
     "RolloutStatus",
+    "label_problem",
 ]
 
 
@@ -264,6 +269,26 @@ class ChoiceRecord:
         return isinstance(other, ChoiceRecord) and self.to_json() == other.to_json()
 
 
+LABEL_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}", re.ASCII)
+"""What a label's key may be (a call's `labels`): also what `?label=KEY:VALUE` splits on safely."""
+MAX_LABELS = 32
+MAX_LABEL_VALUE = 256
+
+
+def label_problem(labels: Any) -> str | None:
+    """Why `labels` cannot be stored (a dict of `LABEL_KEY` keys to short strings), or None."""
+    if not isinstance(labels, dict):
+        return f"labels must be a dict of strings, not {type(labels).__name__}"
+    if len(labels) > MAX_LABELS:
+        return f"{len(labels)} labels, more than {MAX_LABELS}"
+    for key, value in labels.items():
+        if not isinstance(key, str) or not LABEL_KEY.fullmatch(key):
+            return f"label key {key!r} is not 1-64 of A-Z a-z 0-9 _ . -"
+        if not isinstance(value, str) or len(value) > MAX_LABEL_VALUE:
+            return f"label {key!r}: the value must be a string of at most {MAX_LABEL_VALUE} characters"
+    return None
+
+
 @dataclass(slots=True, eq=False)
 class LLMCall:
     """One captured LLM exchange: all choices, exact token ids, what was sent and what came back."""
@@ -309,6 +334,10 @@ class LLMCall:
     late: bool = False
     """Committed after its rollout had ended (cancelled or finished while the call was in flight): kept, since the
     upstream was reached, but no part of the rollout's trajectory (no `llm_call` event, no triplet)."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Set by addons before the sink commits the call (`flow.metadata["capture.record"].labels["k"] = "v"`):
+    stored with it, a filter of the calls API (`?label=k:v`), a column of `agl-client export`. Keys match
+    `LABEL_KEY`, values are strings of at most `MAX_LABEL_VALUE` characters, at most `MAX_LABELS` of them."""
 
     def tokens(self) -> tuple[int, int]:
         """(prompt, completion) tokens: the upstream's usage, else the ids received (a stream cut before its usage
@@ -346,6 +375,7 @@ class LLMCall:
             "t_first_byte": self.t_first_byte,
             "t_end": self.t_end,
             "late": self.late,
+            "labels": self.labels,
         }
         if with_ids:
             out["prompt_token_ids"] = (

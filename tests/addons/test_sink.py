@@ -19,9 +19,11 @@ import openai
 import pytest
 
 from agl_lite.core.config import DEFAULT_CHAIN
+from agl_lite.core.flow import Flow
 from agl_lite.core.keys import derive_key
 from agl_lite.core.server import Gateway
 from agl_lite.store.base import STORE, RolloutSpec
+from agl_lite.store.records import LLMCall
 from agl_lite.store.sqlite import SQLiteStore
 from agl_lite.testing import MockVLLM, running_mock
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
@@ -169,3 +171,45 @@ async def test_the_store_api_answers_507_with_retry_after_when_the_disk_is_full(
                 assert (await r.json())["error"]["type"] == "insufficient_storage"
         async with s.post(url, json=event, headers=headers) as r:
             assert r.status == 201, await r.text()
+
+
+class Labeller:
+    """An addon of a user's: labels each captured call with the tool its request offers (before the sink)."""
+
+    after = {"capture": "it labels the record capture builds"}
+
+    def response_end(self, flow: Flow) -> None:
+        record = flow.metadata.get("capture.record")
+        if isinstance(record, LLMCall):
+            tools = (flow.request.json_object() or {}).get("tools") or [{"function": {"name": "none"}}]
+            record.labels["tool"] = tools[0]["function"]["name"]
+
+
+async def test_labels_an_addon_sets_are_committed_and_filter_the_calls_api(
+    gateway_factory: GatewayFactory,
+) -> None:
+    search = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+    async with (
+        running_mock(MockVLLM()) as url,
+        gateway_factory({"smollm2": [url]}, chain=DEFAULT_CHAIN, extra_addons=[Labeller()]) as gw,
+        aiohttp.ClientSession() as http,
+    ):
+        store = gw.addons.ctx.services.require(STORE, by="test")
+        await store.enqueue([RolloutSpec(input=1, id="r1")])
+        await store.claim("t", 1)
+        base = f"{gateway_url(gw)}/r/r1/a/a1/v1"
+        sdk = openai.AsyncOpenAI(base_url=base, api_key=derive_key(ADMIN_KEY, "r1"), max_retries=0)
+        for tools in (search, None, search):
+            extra = {"tools": tools} if tools else {}
+            await sdk.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=4, **extra)  # type: ignore[call-overload]
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        calls_url = f"{gateway_url(gw)}/api/rollouts/r1/calls"
+        async with http.get(calls_url, headers=admin, params={"label": "tool:search"}) as r:
+            assert r.status == 200
+            page = await r.json()
+        assert [c["labels"] for c in page["calls"]] == [{"tool": "search"}, {"tool": "search"}]
+        assert [c.labels["tool"] for c in await store.calls("r1")] == ["search", "none", "search"]
+        for bad in ("tool", 'to"ol:x'):
+            async with http.get(calls_url, headers=admin, params={"label": bad}) as r:
+                assert r.status == 400
+                assert (await r.json())["error"]["type"] == "invalid_request"

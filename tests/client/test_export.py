@@ -26,9 +26,9 @@ async def populate(store: Store) -> None:
     for rid in ("r1", "r2", "r3"):
         for k in range(3):
             outcome = CallOutcome.UPSTREAM_ERROR if (rid, k) == ("r2", 2) else CallOutcome.OK
-            await store.add_call(
-                make_call(rid, "a1", k, [1, 2, 3, k], [[10 + k, 11], [20 + k]], outcome=outcome)
-            )
+            call = make_call(rid, "a1", k, [1, 2, 3, k], [[10 + k, 11], [20 + k]], outcome=outcome)
+            call.labels = {"turn": str(k), "tool": "search"} if k else {}  # as an addon would set them
+            await store.add_call(call)
     await store.finish("r1", RolloutStatus.SUCCEEDED)
     await store.finish("r2", RolloutStatus.SUCCEEDED)
     await store.finish("r3", RolloutStatus.FAILED)
@@ -101,7 +101,9 @@ async def test_parquet_holds_the_same_rows_as_jsonl(
     rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
     for row in rows:
         row["messages"] = orjson.loads(row["messages"])
+        row["labels"] = dict(row["labels"])  # a parquet map<string, string> reads back as its pairs
     assert rows == await expected_rows(store, "r1", "r2")
+    assert {r["labels"].get("turn") for r in rows} == {None, "1", "2"}
 
 
 def test_parquet_without_pyarrow_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

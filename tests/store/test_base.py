@@ -286,6 +286,40 @@ async def test_calls_round_trip_exactly_in_request_order(store: Store) -> None:
     assert [e.data["call_id"] for e in events] == ["c20", "c10"]  # events in commit order; calls by order_key
 
 
+async def test_labels_are_stored_with_their_call_and_filter_its_reads(store: Store) -> None:
+    await store.enqueue([RolloutSpec(input=1, id="r")])
+    await store.add_call(call("r", 1, [1], [[2]], labels={"tool": "search", "turn": "1"}))
+    await store.add_call(call("r", 2, [1, 2, 3], [[4]], labels={"tool": "python"}))
+    await store.add_call(call("r", 3, [1, 2, 3, 4, 5], [[6]]))
+    await store.add_call(call("r", 4, [9], [[9]], labels={"note": "a:b:c"}))
+    assert [c.labels for c in await store.calls("r")] == [
+        {"tool": "search", "turn": "1"},
+        {"tool": "python"},
+        {},
+        {"note": "a:b:c"},
+    ]
+    assert [c.id for c in await store.calls("r", label=("tool", "search"))] == ["c1"]
+    assert [c.id for c in await store.calls("r", label=("tool", "python"), after_order_key=1)] == ["c2"]
+    assert await store.calls("r", label=("tool", "python"), after_order_key=2) == []
+    assert [c.id for c in await store.calls("r", label=("note", "a:b:c"))] == ["c4"]
+    assert await store.calls("r", label=("tool", "Search")) == []  # values compare exactly
+    with pytest.raises(BadRequest, match="invalid label key"):
+        await store.calls("r", label=('tool"]', "x"))
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [{"k": 1}, {"bad key": "v"}, {"k": "v" * 257}, {f"k{i}": "v" for i in range(33)}, ["k"]],
+)
+async def test_labels_an_addon_got_wrong_are_dropped_and_the_call_kept(store: Store, labels: object) -> None:
+    """A bug in an addon must not cost the call its record (nothing answered goes unrecorded)."""
+    await store.enqueue([RolloutSpec(input=1, id="r")])
+    await store.add_call(call("r", 1, [1], [[2]], labels=labels))
+    (stored,) = await store.calls("r")
+    assert stored.labels == {}
+    assert stored.choices[0].token_ids == array("I", [2])
+
+
 async def test_call_events_take_their_place_in_the_rollouts_sequence(store: Store) -> None:
     """A captured call's `llm_call` event (kept with the call in SQLite) and posted events share one sequence:
     every read (a kind, a cursor, a page, a byte bound) sees them merged in commit order."""

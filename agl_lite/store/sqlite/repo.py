@@ -62,7 +62,9 @@ _CALL_COLUMNS = (
     "id, rollout_id, attempt_id, order_key, prompt_parent, prompt_shared, prompt_tail, choice_meta, choice_ids,"
     " logprobs, body"
 )
-_INSERT_CALL = f"INSERT INTO calls ({_CALL_COLUMNS}, tokens, event_seq, event) VALUES ({', '.join('?' * 14)})"
+_INSERT_CALL = (
+    f"INSERT INTO calls ({_CALL_COLUMNS}, tokens, event_seq, event, labels) VALUES ({', '.join('?' * 15)})"
+)
 _INSERT_CALL_V2 = f"INSERT INTO calls_v2 ({_CALL_COLUMNS}) VALUES ({', '.join('?' * 11)})"
 
 
@@ -268,7 +270,12 @@ class SQLiteRepo:
                 lps_bytes,
                 body,
                 *(
-                    (sum(call.tokens()), event.seq if event else None, event_body)
+                    (
+                        sum(call.tokens()),
+                        event.seq if event else None,
+                        event_body,
+                        orjson.dumps(call.labels).decode() if call.labels else None,
+                    )
                     if self._latest_columns
                     else ()
                 ),
@@ -331,6 +338,7 @@ class SQLiteRepo:
         after_order_key: int,
         limit: int,
         max_bytes: int | None = None,
+        label: tuple[str, str] | None = None,
     ) -> list[LLMCall]:
         sql = (
             "SELECT seq, prompt_parent, prompt_shared, prompt_tail, choice_meta, choice_ids, logprobs, body"
@@ -340,6 +348,10 @@ class SQLiteRepo:
         if attempt_id is not None:
             sql += " AND attempt_id = ?"
             args.append(attempt_id)
+        if label is not None:
+            # A JSON path, the key quoted: keys are `LABEL_KEY` (no quote, no backslash), checked where they come in.
+            sql += " AND json_extract(labels, ?) = ?"
+            args += (f'$."{label[0]}"', label[1])
         cursor = self.conn.execute(sql + " ORDER BY order_key LIMIT ?", (*args, limit))
         rows = within_bytes(cursor, max_bytes, _call_row_bytes)
         memo: dict[int, array[int]] = {}

@@ -78,6 +78,11 @@ MIGRATIONS: list[str] = [
     ALTER TABLE calls ADD COLUMN event BLOB;
     CREATE INDEX calls_events ON calls (rollout_id, event_seq) WHERE event_seq IS NOT NULL;
     """,
+    # v5: the labels addons set on a call, as JSON text in a column of their own (also in the call's JSON), so
+    # that the calls API filters on them in SQL; the body may be compressed. NULL for a call without labels.
+    """
+    ALTER TABLE calls ADD COLUMN labels TEXT;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
