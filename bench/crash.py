@@ -1,6 +1,6 @@
 """Crash figures (issue #9, point 2): SIGKILL of the gateway at random moments during mixed ingest, 20 trials.
 
-The engine is the one the CI test runs (tests/reliability/crash_load.py, 3 trials there): workers drive a gateway
+The engine is the one the CI test runs (bench/harness/crash_load.py, 3 trials there): workers drive a gateway
 process on SQLite with enqueues, claims, attempts, admin events and rewards, agents' events, LLM calls and rewards,
 graders' rewards, attempt outcomes, verdicts and cancels, logging every acknowledged write; the gateway is killed
 after a seeded random number of acknowledgements and restarted on the same file. Then the local runner is started
@@ -16,21 +16,17 @@ import os
 import secrets
 import sys
 import time
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # the engine lives beside the CI test that runs it
-# This repository's tests/, even where an installed distribution ships a top-level `tests` package (verl does).
-sys.modules["tests"] = types.ModuleType("tests")
-sys.modules["tests"].__path__ = [str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))  # the engine: bench/harness/, which the CI test runs too
 
 from procs import process_frame  # noqa: E402
 from report import machine  # noqa: E402
 
 from agl_lite.testing import MockVLLM, running_mock  # noqa: E402
-from tests.reliability.crash_load import Ledger, TrialFigures, recover, run_trials  # noqa: E402
-from tests.reliability.gateway_process import gateway_processes  # noqa: E402
+from bench.harness.crash_load import Ledger, TrialFigures, recover, run_trials  # noqa: E402
+from bench.harness.gateway_process import gateway_processes  # noqa: E402
 
 
 def row(cells: list[str], markdown: bool) -> str:

@@ -1,6 +1,6 @@
 """Soak (issue #9, point 1, the long variant): fault injection under load for many cycles, with figures.
 
-The engine is the one the CI test runs (tests/reliability/fault_load.py; 10 cycles of 210 calls there): a gateway
+The engine is the one the CI test runs (bench/harness/fault_load.py; 10 cycles of 210 calls there): a gateway
 process with the default chain on SQLite in front of the mock vLLM; calls at concurrency 64 with agent keys, 1 %
 mid-stream upstream errors, 1 % connection resets, 1 % stalls and 10 % client disconnects. After every cycle it
 checks one record per call with the right outcome, the client's view, a clean log, both sides drained and the
@@ -17,19 +17,15 @@ import os
 import secrets
 import sys
 import time
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # the engine lives beside the CI test that runs it
-# This repository's tests/, even where an installed distribution ships a top-level `tests` package (verl does).
-sys.modules["tests"] = types.ModuleType("tests")
-sys.modules["tests"].__path__ = [str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))  # the engine: bench/harness/, which the CI test runs too
 
 from procs import process_frame  # noqa: E402
 from report import machine  # noqa: E402
 
-from tests.reliability.fault_load import Cycle, run_faults  # noqa: E402
+from bench.harness.fault_load import Cycle, run_faults  # noqa: E402
 
 RSS_GROWTH_LIMIT = 0.10
 RSS_CYCLES = 10

@@ -5,7 +5,7 @@ Concurrent workers drive the gateway (`python -m agl_lite run`, SQLite store, ca
 mixed ingest — enqueue, claim, attempts, admin events and rewards, agents' events and LLM calls with their agent
 keys, graders' rewards, attempt outcomes, verdicts, cancels — and log every 2xx (an LLM call: its whole response).
 The server is SIGKILLed after a seeded random number of acknowledged writes, with others in flight, and restarted
-on the same file; everything logged must be there. The engine: tests/reliability/crash_load.py. This is the CI
+on the same file; everything logged must be there. The engine: bench/harness/crash_load.py. This is the CI
 variant (3 trials); `bench/crash.py` runs 20 and prints the figures. Set AGL_SEED to replay a run.
 """
 
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from agl_lite.testing import MockVLLM, running_mock
+from bench.harness.crash_load import Ledger, recover, run_trials
+from bench.harness.gateway_process import gateway_processes
 from tests.conftest import ADMIN_KEY
-from tests.reliability.crash_load import Ledger, recover, run_trials
-from tests.reliability.gateway_process import gateway_processes
 
 pytestmark = pytest.mark.slow
 

@@ -32,8 +32,8 @@ from agl_lite.core.config import DEFAULT_CHAIN
 from agl_lite.core.keys import KeyRole, derive_key
 from agl_lite.store.openapi import bound_free_form
 from agl_lite.testing.gateway import write_config
+from bench.harness.gateway_process import gateway_processes, log_problems, secrets_in, start_gateway
 from tests.conftest import ADMIN_KEY
-from tests.reliability.gateway_process import gateway_processes, log_problems, secrets_in, start_gateway
 from tests.reliability.sqlite_view import store_digest
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
 """Fault injection under load (issue #9, point 1), the CI variant: 2,100 calls at concurrency 64 in 10 cycles,
 with 1 % mid-stream upstream errors, 1 % connection resets, 1 % stalls and 10 % client disconnects.
 
-The engine and what it checks after each cycle: tests/reliability/fault_load.py; the long run: `make soak`.
+The engine and what it checks after each cycle: bench/harness/fault_load.py; the long run: `make soak`.
 Set AGL_SEED to replay a run (the seed is printed, and named in every failure).
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.fault_load import run_faults
 from tests.conftest import ADMIN_KEY
-from tests.reliability.fault_load import run_faults
 
 pytestmark = pytest.mark.slow
 

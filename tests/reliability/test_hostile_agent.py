@@ -25,7 +25,7 @@ from agl_lite.client import AglLiteClient
 from agl_lite.core.keys import KeyRole, derive_key
 from agl_lite.store.base import RolloutSpec
 from agl_lite.store.records import RolloutConfig, RolloutStatus
-from tests.reliability.gateway_process import gateway_processes, start_gateway
+from bench.harness.gateway_process import gateway_processes, start_gateway
 from tests.runner.probe import Probe, exited, marked_pids, running_probe
 
 HOSTILE = r"""

@@ -20,8 +20,8 @@ from agl_lite.core.config import DEFAULT_CHAIN
 from agl_lite.core.keys import KeyRole, derive_key
 from agl_lite.testing import MockVLLM, running_mock
 from agl_lite.testing.gateway import write_config
+from bench.harness.gateway_process import gateway_processes, log_records, secrets_in, start_gateway
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
-from tests.reliability.gateway_process import gateway_processes, log_records, secrets_in, start_gateway
 from tests.reliability.sqlite_view import stored_text
 
 SECRET_ANSWER = "the-reference-answer-42"

@@ -10,9 +10,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tests.reliability.crash_load import Ledger, State, impossible_states, lost_writes
-from tests.reliability.fault_load import Call, FaultMix, check_records, plan_cycle
-from tests.reliability.gateway_process import log_problems, secrets_in
+from bench.harness.crash_load import Ledger, State, impossible_states, lost_writes
+from bench.harness.fault_load import Call, FaultMix, check_records, plan_cycle
+from bench.harness.gateway_process import log_problems, secrets_in
 from tests.reliability.sqlite_view import store_digest, stored_text
 
 

@@ -35,7 +35,8 @@ from agl_lite.testing import MockVLLM
 from agl_lite.testing.gateway import write_config
 from agl_lite.testing.mock_vllm import create_app
 from agl_lite.testing.mock_vllm_scenario import Scenario, last_user_text
-from tests.reliability.gateway_process import GatewayProcess, log_problems, start_gateway
+
+from .gateway_process import GatewayProcess, log_problems, start_gateway
 
 MODEL = "smollm2"
 FAULTS = ("error_frame", "reset", "stall", "disconnect")

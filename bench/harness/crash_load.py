@@ -29,7 +29,8 @@ import orjson
 
 from agl_lite.core.keys import KeyRole, derive_key
 from agl_lite.testing.gateway import write_config
-from tests.reliability.gateway_process import GatewayProcess, start_gateway
+
+from .gateway_process import GatewayProcess, start_gateway
 
 MODEL = "smollm2"
 RUNNER_ID = "crash"
