@@ -9,7 +9,7 @@
         ├── Forbidden           403 forbidden
         ├── NotFound            404 not_found (ModelNotFound: 404 model_not_found)
         ├── MethodNotAllowed    405 method_not_allowed
-        ├── RequestTimeout      408 request_timeout (a body slower than server.body_timeout_s)
+        ├── BodyTimeout         408 request_timeout (a request body slower than server.body_timeout_s)
         ├── Conflict            409 conflict (an illegal state transition, a cap reached)
         ├── PayloadTooLarge     413 payload_too_large
         ├── UnsupportedMediaType 415 unsupported_media_type (a Content-Encoding other than gzip or deflate)
@@ -32,6 +32,7 @@ __all__ = [
     "AddonLoadError",
     "AglLiteError",
     "BadRequest",
+    "BodyTimeout",
     "ConfigError",
     "Conflict",
     "Forbidden",
@@ -43,7 +44,6 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "QuotaExceeded",
-    "RequestTimeout",
     "ServiceUnavailable",
     "ShuttingDown",
     "TooManyRequests",
@@ -112,7 +112,10 @@ class MethodNotAllowed(HttpError):
     type = "method_not_allowed"
 
 
-class RequestTimeout(HttpError):
+class BodyTimeout(HttpError):
+    """The client's request body did not arrive in time (not to be confused with the client library's
+    `agl_lite.client.RequestTimeout`: no answer from the gateway in time)."""
+
     status = 408
     type = "request_timeout"
 

@@ -29,7 +29,7 @@ def addon_options() -> str:
 
 
 def routes_file() -> str:
-    from agl_lite.addons.route import ModelRoute, UpstreamSpec
+    from agl_lite.addons.router import ModelRoute, UpstreamSpec
 
     return (
         "### `[models.NAME]`\n\n"

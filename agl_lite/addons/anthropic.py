@@ -17,7 +17,11 @@ from typing import Any
 import orjson
 from multidict import CIMultiDict
 
-from agl_lite.capture.anthropic import (
+from agl_lite.capture.client_view import CLIENT_VIEW, ClientView
+from agl_lite.core.config import GatewayConfig, option
+from agl_lite.core.flow import Flow, Response, WholeBody
+from agl_lite.core.routes import ATTRIBUTED_PREFIX, HttpRoute, RouteKind, Scope, model_api_routes
+from agl_lite.translate.anthropic import (
     MessageBuilder,
     StreamTranslator,
     message_body,
@@ -29,10 +33,6 @@ from agl_lite.capture.anthropic import (
     to_tokenize,
     token_count_body,
 )
-from agl_lite.capture.client_view import CLIENT_VIEW, ClientView
-from agl_lite.core.config import GatewayConfig, option
-from agl_lite.core.flow import Flow, Response, WholeBody
-from agl_lite.core.routes import ATTRIBUTED_PREFIX, HttpRoute, RouteKind, Scope, model_api_routes
 
 __all__ = ["Anthropic"]
 

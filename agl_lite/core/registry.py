@@ -18,7 +18,7 @@ ADDONS: dict[str, str] = {
     "store_api": "agl_lite.addons.store_api:StoreApi",
     "metrics": "agl_lite.addons.metrics:Metrics",
     "control": "agl_lite.addons.control:Control",
-    "route": "agl_lite.addons.route:Route",
+    "route": "agl_lite.addons.router:Router",
     "anthropic": "agl_lite.addons.anthropic:Anthropic",
     "capture": "agl_lite.addons.capture:Capture",
     "tokens": "agl_lite.addons.tokens:Tokens",

@@ -41,12 +41,12 @@ from agl_lite.core.sse import DoneDetector
 from agl_lite.core.upstream import Upstream, filter_headers, map_upstream_error
 from agl_lite.errors import (
     BadRequest,
+    BodyTimeout,
     ConfigError,
     HttpError,
     InternalError,
     NotFound,
     PayloadTooLarge,
-    RequestTimeout,
     ShuttingDown,
     UpstreamError,
 )
@@ -272,7 +272,7 @@ class Gateway:
         except web.HTTPRequestEntityTooLarge:
             return PayloadTooLarge(f"request body exceeds {limit} bytes")
         except TimeoutError:
-            return RequestTimeout(f"request body not received within {self.config.server.body_timeout_s:g} s")
+            return BodyTimeout(f"request body not received within {self.config.server.body_timeout_s:g} s")
         except (RequestPayloadError, HttpProcessingError) as exc:
             return BadRequest(f"request body cannot be read: {str(exc)[:200]}")
         encoding = flow.request.headers.get("Content-Encoding")

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from agl_lite.addons.auth import Auth
-from agl_lite.addons.route import Route
+from agl_lite.addons.router import Router
 from agl_lite.core.config import GatewayConfig
 from agl_lite.core.flow import Flow
 from agl_lite.core.keys import KeyRole, derive_key
@@ -23,7 +23,7 @@ def auth() -> Auth:
 
 
 def flow(path: str, headers: dict[str, str] | None = None) -> Flow:
-    return make_flow("POST", path, json_body={"model": "m"}, headers=headers, routes=Route.routes)
+    return make_flow("POST", path, json_body={"model": "m"}, headers=headers, routes=Router.routes)
 
 
 async def test_admin_key_passes_on_bare_path() -> None:

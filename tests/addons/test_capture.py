@@ -21,7 +21,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from agl_lite.addons.capture import Capture
-from agl_lite.addons.route import Route
+from agl_lite.addons.router import Router
 from agl_lite.core.flow import Flow, Response
 from agl_lite.core.keys import derive_key
 from agl_lite.core.server import Gateway
@@ -575,7 +575,7 @@ async def test_logprobs_option_records_logprobs_the_client_does_not_see(
 
 
 def routed_flow(body: dict[str, Any], path: str = CHAT, backend: str = "vllm") -> Flow:
-    flow = make_flow("POST", path, json_body=body, routes=Route.routes)
+    flow = make_flow("POST", path, json_body=body, routes=Router.routes)
     flow.metadata["route.backend"] = backend
     return flow
 
@@ -599,7 +599,7 @@ def test_injected_fields_are_named_in_metadata() -> None:
 
 def test_injection_appends_to_the_clients_bytes_without_re_encoding() -> None:
     raw = b'{ "model" : "m",\n  "messages": [{"role": "user", "content": "caf\\u00e9"}] }\n'
-    flow = make_flow("POST", CHAT, body=raw, routes=Route.routes)
+    flow = make_flow("POST", CHAT, body=raw, routes=Router.routes)
     flow.metadata["route.backend"] = "vllm"
     Capture().request(flow)
     assert flow.request.upstream_body() == raw.rstrip()[:-1] + b',"return_token_ids":true}'
@@ -658,7 +658,7 @@ def test_order_keys_strictly_increase() -> None:
 
 
 def test_non_llm_route_is_not_captured() -> None:
-    flow = make_flow("GET", "/v1/models", routes=Route.routes)
+    flow = make_flow("GET", "/v1/models", routes=Router.routes)
     Capture().request(flow)
     assert "capture.order_key" not in flow.metadata
 

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from agl_lite.addons.control import METRICS_REGISTRY, Control, ServiceUnavailable
 from agl_lite.addons.metrics import Metrics
-from agl_lite.addons.route import Route
+from agl_lite.addons.router import Router
 from agl_lite.core.config import GatewayConfig
 from agl_lite.core.flow import Flow
 from agl_lite.core.keys import derive_key
@@ -27,7 +27,7 @@ from agl_lite.testing import MockVLLM, Scenario, running_mock
 from agl_lite.testing.flows import make_flow
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 
-ROUTES = (*Route.routes, *Control.routes)
+ROUTES = (*Router.routes, *Control.routes)
 MESSAGES: Any = [{"role": "user", "content": "What is 2+3?"}]
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 

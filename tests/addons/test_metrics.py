@@ -16,7 +16,7 @@ from yarl import URL
 
 from agl_lite.addons.control import Control
 from agl_lite.addons.metrics import Metrics
-from agl_lite.addons.route import Route
+from agl_lite.addons.router import Router
 from agl_lite.core.config import GatewayConfig
 from agl_lite.core.flow import Flow, Response, UpstreamTarget, json_response
 from agl_lite.core.services import METRICS_REGISTRY, LoadContext
@@ -25,7 +25,7 @@ from agl_lite.testing import MockVLLM, running_mock
 from agl_lite.testing.flows import make_flow
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 
-ROUTES = (*Route.routes, *Metrics.routes)
+ROUTES = (*Router.routes, *Metrics.routes)
 MESSAGES: Any = [{"role": "user", "content": "What is 2+3?"}]
 
 

@@ -6,7 +6,7 @@ import itertools
 
 from multidict import CIMultiDict
 
-from agl_lite.addons.route import Route
+from agl_lite.addons.router import Router
 from agl_lite.capture.plan import NOTHING
 from agl_lite.capture.record import MAX_FAILED_REQUEST_BYTES, api_of, new_call, record_of
 from agl_lite.core.flow import Response, json_response
@@ -18,7 +18,7 @@ CHAT = "/v1/chat/completions"
 
 def test_the_api_is_known_from_an_llm_routes_path_and_nothing_else_is_captured() -> None:
     paths = [("POST", CHAT), ("POST", "/v1/completions"), ("GET", "/v1/models")]
-    apis = [api_of(make_flow(m, p, json_body={}, routes=Route.routes)) for m, p in paths]
+    apis = [api_of(make_flow(m, p, json_body={}, routes=Router.routes)) for m, p in paths]
     assert apis == ["chat", "completions", None]
 
 
@@ -30,7 +30,7 @@ def test_order_keys_increase_even_for_a_call_dated_before_the_last_one() -> None
 
 
 def test_the_gateways_own_refusal_before_any_upstream_leaves_no_record() -> None:
-    flow = make_flow("POST", CHAT, json_body={"model": "m"}, routes=Route.routes)
+    flow = make_flow("POST", CHAT, json_body={"model": "m"}, routes=Router.routes)
     call = new_call("chat", flow.request.body, NOTHING)
     flow.response = json_response(429, {"error": {"type": "rate_limited", "message": "over budget"}})
     assert record_of(flow, call, None) is None
@@ -42,7 +42,7 @@ def test_the_gateways_own_refusal_before_any_upstream_leaves_no_record() -> None
 
 def test_a_failed_call_keeps_no_large_request() -> None:
     big = {"model": "m", "messages": [{"role": "user", "content": "x" * MAX_FAILED_REQUEST_BYTES}]}
-    flow = make_flow("POST", CHAT, json_body=big, routes=Route.routes)
+    flow = make_flow("POST", CHAT, json_body=big, routes=Router.routes)
     call = new_call("chat", flow.request.body, NOTHING)
     flow.response = Response(502, CIMultiDict(), body=b"{}", from_upstream=True)
     rec = record_of(flow, call, None)

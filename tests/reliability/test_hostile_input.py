@@ -2,7 +2,7 @@
 oversize bodies, deep nesting, invalid UTF-8, malformed HTTP and slow clients.
 
 Property tests owned elsewhere and not repeated here: the SSE splitter on a real stream under any chunking
-(tests/core/test_sse.py) and the Anthropic stream translation (tests/capture/anthropic/test_stream.py). This file
+(tests/core/test_sse.py) and the Anthropic stream translation (tests/translate/anthropic/test_stream.py). This file
 adds the splitter on arbitrary bytes, the TOML config loader, the store API's payload validators and the LLM
 calls' JSON parse.
 """

@@ -7,8 +7,8 @@ import json
 import pytest
 from anthropic.types.shared import ErrorResponse
 
-from agl_lite.capture.anthropic.errors import error_event, error_status, error_type, reshape_error
 from agl_lite.errors import ModelNotFound, TooManyRequests
+from agl_lite.translate.anthropic.errors import error_event, error_status, error_type, reshape_error
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,9 @@ from anthropic.types import Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agl_lite.capture.anthropic.message import MessageBuilder
-from agl_lite.capture.anthropic.stream import StreamTranslator, message_body
 from agl_lite.capture.client_view import ClientView
+from agl_lite.translate.anthropic.message import MessageBuilder
+from agl_lite.translate.anthropic.stream import StreamTranslator, message_body
 
 # --- a chat answer, drawn, and rendered as vLLM streams and returns it --------------------------------------------
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from agl_lite.capture.anthropic.request import to_chat, to_tokenize
 from agl_lite.errors import BadRequest
+from agl_lite.translate.anthropic.request import to_chat, to_tokenize
 
 USER = {"role": "user", "content": "hi"}
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from anthropic.types import Message
 
-from agl_lite.capture.anthropic.message import MessageBuilder, new_message_id, stop_reason
-from agl_lite.capture.anthropic.stream import message_body
 from agl_lite.capture.client_view import ClientView
+from agl_lite.translate.anthropic.message import MessageBuilder, new_message_id, stop_reason
+from agl_lite.translate.anthropic.stream import message_body
 
 
 def events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:

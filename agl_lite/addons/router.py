@@ -1,4 +1,5 @@
-"""Route: maps a request's public model name (or alias) to upstreams from `routes.toml` and rewrites the model.
+"""Router (the `route` addon): maps a request's public model name (or alias) to upstreams from `routes.toml`
+and rewrites the model.
 
 Chooses the order to try upstreams in (round robin, least in-flight, or sticky by rollout for prefix-cache
 locality), cools down upstreams that keep failing, and answers `GET /v1/models`. Sets `route.model`,
@@ -36,7 +37,7 @@ from agl_lite.errors import BadRequest, ConfigError, ModelNotFound
 from agl_lite.store.base import STORE, Store
 from agl_lite.store.records import ModelRecord
 
-__all__ = ["ModelRoute", "Route", "RoutesFile", "Strategy", "UpstreamSpec", "load_routes"]
+__all__ = ["ModelRoute", "Router", "RoutesFile", "Strategy", "UpstreamSpec", "load_routes"]
 
 
 class Strategy(StrEnum):
@@ -172,7 +173,7 @@ class _ModelState:
 class _UpstreamGauges(Collector):
     """Each upstream's load and health, read from the route addon's own state when scraped."""
 
-    def __init__(self, route: Route) -> None:
+    def __init__(self, route: Router) -> None:
         self._route = route
 
     def collect(self) -> Iterator[Metric]:
@@ -195,7 +196,7 @@ class _UpstreamGauges(Collector):
         yield cooling
 
 
-class Route:
+class Router:
     routes = (
         *model_api_routes(
             "chat_completions", "POST", "/v1/chat/completions", RouteKind.LLM, "OpenAI chat completions."
@@ -221,7 +222,7 @@ class Route:
         self._model_cards: dict[str, dict[str, Any]] = {}
         self._ctx: LoadContext | None = None
         self._store: Store | None = None
-        self._options = Route.Options()
+        self._options = Router.Options()
         self._file = ""
         self._file_models: set[str] = set()
         self._collecting = False
@@ -229,7 +230,7 @@ class Route:
     def load(self, ctx: LoadContext) -> None:
         self._ctx = ctx
 
-    def configure(self, config: GatewayConfig, options: Route.Options) -> None:
+    def configure(self, config: GatewayConfig, options: Router.Options) -> None:
         if options.cooldown_s < 0 or options.failures_to_cool < 1:
             raise ConfigError(
                 f"{config.source}: addons.route.cooldown_s must be >= 0 and failures_to_cool >= 1"
@@ -308,7 +309,7 @@ class Route:
         self._models_body = {"object": "list", "data": list(self._model_cards.values())}
 
     @staticmethod
-    def _upstream(name: str, spec: UpstreamSpec, options: Route.Options, file: str) -> _UpstreamState:
+    def _upstream(name: str, spec: UpstreamSpec, options: Router.Options, file: str) -> _UpstreamState:
         key = spec.api_key
         if spec.api_key_env:
             key = os.environ.get(spec.api_key_env, "")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from agl_lite.addons.route import Route
+from agl_lite.addons.router import Router
 from agl_lite.core.config import load_config
 from agl_lite.core.flow import Flow, UpstreamTarget
 from agl_lite.errors import BadRequest, ConfigError, ModelNotFound
@@ -15,7 +15,7 @@ from agl_lite.testing.gateway import write_config
 A, B, C = "http://127.0.0.1:18001/v1", "http://127.0.0.1:18002/v1", "http://127.0.0.1:18003/v1"
 
 
-def route_addon(tmp_path: Path, urls: list[str], *, strategy: str = "sticky", **options: object) -> Route:
+def route_addon(tmp_path: Path, urls: list[str], *, strategy: str = "sticky", **options: object) -> Router:
     config = write_config(
         tmp_path,
         {"qwen": urls},
@@ -24,21 +24,21 @@ def route_addon(tmp_path: Path, urls: list[str], *, strategy: str = "sticky", **
         strategy=strategy,
         addons={"route": options} if options else None,
     )
-    addon = Route()
-    addon.configure(config, Route.Options(**options))  # type: ignore[arg-type]
+    addon = Router()
+    addon.configure(config, Router.Options(**options))  # type: ignore[arg-type]
     return addon
 
 
 def chat_flow(
     model: object = "gpt-4.1", path: str = "/v1/chat/completions", rollout: str | None = None
 ) -> Flow:
-    f = make_flow("POST", path, json_body={"model": model, "messages": []}, routes=Route.routes)
+    f = make_flow("POST", path, json_body={"model": model, "messages": []}, routes=Router.routes)
     if rollout:
         f.metadata["auth.rollout_id"] = rollout
     return f
 
 
-def targets(addon: Route, **kw: object) -> list[UpstreamTarget]:
+def targets(addon: Router, **kw: object) -> list[UpstreamTarget]:
     f = chat_flow(**kw)  # type: ignore[arg-type]
     addon.request(f)
     return f.upstreams
@@ -73,7 +73,7 @@ def test_missing_or_invalid_model_is_400(tmp_path: Path, model: object) -> None:
 
 
 def test_models_endpoint_lists_names_and_aliases(tmp_path: Path) -> None:
-    f = make_flow("GET", "/v1/models", routes=Route.routes)
+    f = make_flow("GET", "/v1/models", routes=Router.routes)
     route_addon(tmp_path, [A]).request(f)
     assert f.response is not None
     data = json.loads(f.response.body or b"")["data"]
@@ -82,7 +82,7 @@ def test_models_endpoint_lists_names_and_aliases(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("path", ["/v1/models/gpt-4.1", "/r/ro-1/a/at-1/v1/models/gpt-4.1"])
 def test_one_model_is_served_by_name_or_alias(tmp_path: Path, path: str) -> None:
-    f = make_flow("GET", path, routes=Route.routes)
+    f = make_flow("GET", path, routes=Router.routes)
     route_addon(tmp_path, [A]).request(f)
     assert f.response is not None
     card = json.loads(f.response.body or b"")
@@ -91,7 +91,7 @@ def test_one_model_is_served_by_name_or_alias(tmp_path: Path, path: str) -> None
 
 def test_an_unknown_model_is_a_404_and_the_name_is_decoded(tmp_path: Path) -> None:
     with pytest.raises(ModelNotFound, match="'org/x' is not routed here") as info:
-        route_addon(tmp_path, [A]).request(make_flow("GET", "/v1/models/org%2Fx", routes=Route.routes))
+        route_addon(tmp_path, [A]).request(make_flow("GET", "/v1/models/org%2Fx", routes=Router.routes))
     assert info.value.status == 404
 
 
@@ -164,7 +164,7 @@ def write_routes(tmp_path: Path, text: str) -> Path:
 def test_bad_routes_file_names_the_problem(tmp_path: Path, text: str, message: str) -> None:
     config = load_config(write_routes(tmp_path, text))
     with pytest.raises(ConfigError, match=message) as info:
-        Route().configure(config, Route.Options())
+        Router().configure(config, Router.Options())
     assert "routes.toml" in str(info.value)
 
 
@@ -176,6 +176,6 @@ def test_upstream_key_comes_from_its_env_var(tmp_path: Path, monkeypatch: pytest
             '[models.m]\nupstreams = [{ base_url = "http://h/v1", api_key_env = "UPSTREAM_KEY_X" }]\n',
         )
     )
-    addon = Route()
-    addon.configure(config, Route.Options())
+    addon = Router()
+    addon.configure(config, Router.Options())
     assert targets(addon, model="m")[0].headers == {"Authorization": "Bearer sk-upstream"}

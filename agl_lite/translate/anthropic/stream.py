@@ -12,11 +12,11 @@ from typing import Any
 
 import orjson
 
-from agl_lite.capture.anthropic.errors import error_event, error_status, reshape_error
-from agl_lite.capture.anthropic.message import MessageBuilder
 from agl_lite.capture.client_view import ClientView
 from agl_lite.core.sse import SSEParser
 from agl_lite.errors import HttpError
+from agl_lite.translate.anthropic.errors import error_event, error_status, reshape_error
+from agl_lite.translate.anthropic.message import MessageBuilder
 
 __all__ = ["StreamTranslator", "message_body", "token_count_body"]
 

@@ -4,11 +4,11 @@ vLLM's token ids captured like any OpenAI client: requests in (`request`), respo
 knows flows, hooks or storage.
 """
 
-from agl_lite.capture.anthropic.errors import error_body, error_event, error_type, reshape_error
-from agl_lite.capture.anthropic.message import MessageBuilder, new_message_id
-from agl_lite.capture.anthropic.models import model_info, models_list
-from agl_lite.capture.anthropic.request import to_chat, to_tokenize
-from agl_lite.capture.anthropic.stream import StreamTranslator, message_body, token_count_body
+from agl_lite.translate.anthropic.errors import error_body, error_event, error_type, reshape_error
+from agl_lite.translate.anthropic.message import MessageBuilder, new_message_id
+from agl_lite.translate.anthropic.models import model_info, models_list
+from agl_lite.translate.anthropic.request import to_chat, to_tokenize
+from agl_lite.translate.anthropic.stream import StreamTranslator, message_body, token_count_body
 
 __all__ = [
     "MessageBuilder",

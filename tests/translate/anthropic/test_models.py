@@ -6,7 +6,7 @@ import json
 
 from anthropic.types import ModelInfo
 
-from agl_lite.capture.anthropic.models import models_list
+from agl_lite.translate.anthropic.models import models_list
 
 
 def test_openai_list_becomes_an_anthropic_page() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from agl_lite.capture.anthropic.errors import error_event
+from agl_lite.translate.anthropic.errors import error_event
 
 __all__ = ["MessageBuilder", "new_message_id", "stop_reason"]
 
