@@ -144,9 +144,9 @@ def mock_llm(
     Example: agl-lite mock-llm --max-model-len 65536 --latency 0.2 --fault-rate 0.05 --fault reset
     """
     from agl_lite.testing.mock_vllm import serve
-    from agl_lite.testing.mock_vllm_faults import Fault, Faults
-    from agl_lite.testing.mock_vllm_math import MathTutor
-    from agl_lite.testing.mock_vllm_scenario import ScenarioHook
+    from agl_lite.testing.mock_vllm.faults import Fault, Faults
+    from agl_lite.testing.mock_vllm.math_tutor import MathTutor
+    from agl_lite.testing.mock_vllm.scenario import ScenarioHook
 
     hook: ScenarioHook | None = None
     if math is not None:

@@ -1,7 +1,7 @@
 """Test helpers for agl-lite: fake upstreams and fixtures; nothing here is imported by the gateway itself."""
 
 from agl_lite.testing.mock_vllm import MockVLLM, RecordedRequest, create_app, running_mock, serve
-from agl_lite.testing.mock_vllm_scenario import ErrorReply, Scenario, ToolCallSpec
+from agl_lite.testing.mock_vllm.scenario import ErrorReply, Scenario, ToolCallSpec
 
 __all__ = [
     "ErrorReply",

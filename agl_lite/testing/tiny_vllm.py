@@ -1,8 +1,8 @@
 """A vLLM-shaped server in front of a real policy (`tiny_policy`): what agl-lite relies on of vLLM, for real
 sampling from weights that training changes, on CPU.
 
-It speaks vLLM 0.32's chat completions (streamed and not) through the mock's own wire code (`mock_vllm_wire`,
-`mock_vllm_http`): `return_token_ids` (`prompt_token_ids`, `choices[].token_ids`), `logprobs`/`top_logprobs`, `n`,
+It speaks vLLM 0.32's chat completions (streamed and not) through the mock's own wire code (`mock_vllm.wire`,
+`mock_vllm.http_io`): `return_token_ids` (`prompt_token_ids`, `choices[].token_ids`), `logprobs`/`top_logprobs`, `n`,
 `temperature`, `seed`, `max_tokens`, usage, the chat template applied server-side, and vLLM's error bodies. Beyond
 vLLM it loads new weights without a restart and says which weights served each reply:
 
@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from agl_lite.testing.mock_vllm_generate import ChoiceOutput
-from agl_lite.testing.mock_vllm_http import (
+from agl_lite.testing.mock_vllm.generate import ChoiceOutput
+from agl_lite.testing.mock_vllm.http_io import (
     ApiError,
     RecordedRequest,
     chat_messages,
@@ -47,8 +47,8 @@ from agl_lite.testing.mock_vllm_http import (
     model_card,
     read_json,
 )
-from agl_lite.testing.mock_vllm_scenario import ErrorReply
-from agl_lite.testing.mock_vllm_wire import Envelope, chat_body, chat_frames
+from agl_lite.testing.mock_vllm.scenario import ErrorReply
+from agl_lite.testing.mock_vllm.wire import Envelope, chat_body, chat_frames
 from agl_lite.testing.tiny_policy import (
     SPECIAL_IDS,
     CharTokenizer,

@@ -34,7 +34,7 @@ from agl_lite.core.config import DEFAULT_CHAIN
 from agl_lite.testing import MockVLLM
 from agl_lite.testing.gateway import write_config
 from agl_lite.testing.mock_vllm import create_app
-from agl_lite.testing.mock_vllm_scenario import Scenario, last_user_text
+from agl_lite.testing.mock_vllm.scenario import Scenario, last_user_text
 
 from .gateway_process import GatewayProcess, log_problems, start_gateway
 

@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agl_lite.capture.strip import StreamStripper, Strip, client_view, strip_body
-from agl_lite.testing.mock_vllm_generate import ChoiceOutput, GenParams, generate_choice
-from agl_lite.testing.mock_vllm_scenario import Scenario, ToolCallSpec
-from agl_lite.testing.mock_vllm_tokenizer import FakeTokenizer
-from agl_lite.testing.mock_vllm_wire import (
+from agl_lite.testing.mock_vllm.generate import ChoiceOutput, GenParams, generate_choice
+from agl_lite.testing.mock_vllm.scenario import Scenario, ToolCallSpec
+from agl_lite.testing.mock_vllm.tokenizer import FakeTokenizer
+from agl_lite.testing.mock_vllm.wire import (
     Envelope,
     chat_body,
     chat_frames,

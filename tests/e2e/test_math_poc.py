@@ -2,7 +2,7 @@
 and the RL loop; the agents are real processes using the openai SDK. Afterwards the test opens the store itself.
 
 The mock answers GSM8K questions, wrong for a seeded subset whose rule is public (a hash of seed, question and
-the how-many-th time it was asked, `agl_lite.testing.mock_vllm_math`); the test re-states that rule and scores
+the how-many-th time it was asked, `agl_lite.testing.mock_vllm.math_tutor`); the test re-states that rule and scores
 every answer with its own parser, written here, not imported from the example.
 """
 

@@ -19,7 +19,7 @@ from agl_lite.core.config import DEFAULT_CHAIN
 from agl_lite.core.server import Gateway
 from agl_lite.store.records import AttemptStatus, Rollout, RolloutStatus
 from agl_lite.testing import MockVLLM, Scenario, running_mock
-from agl_lite.testing.mock_vllm_scenario import last_user_text
+from agl_lite.testing.mock_vllm.scenario import last_user_text
 from tests.client.conftest import FAST, sqlite_options
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 

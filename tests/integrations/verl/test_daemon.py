@@ -15,7 +15,7 @@ from agl_lite.integrations.verl.daemon import AglLiteDaemon, DaemonConfig, Sampl
 from agl_lite.store.base import EventSpec
 from agl_lite.store.records import CallOutcome, ChoiceRecord, LLMCall, RolloutStatus
 from agl_lite.store.triplets import RolloutTriplets
-from agl_lite.testing.mock_vllm_tokenizer import EOS_ID, FakeTokenizer
+from agl_lite.testing.mock_vllm.tokenizer import EOS_ID, FakeTokenizer
 from tests.client.conftest import FAST, store_of
 from tests.conftest import ADMIN_KEY, gateway_url
 from tests.integrations.verl.conftest import MODEL, Bench, reply_to

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agl_lite.testing.mock_vllm_scenario import Scenario, ToolCallSpec
-from agl_lite.testing.mock_vllm_tokenizer import EOS_ID, EOS_TEXT, FakeTokenizer, hermes_tool_text
+from agl_lite.testing.mock_vllm.scenario import Scenario, ToolCallSpec
+from agl_lite.testing.mock_vllm.tokenizer import EOS_ID, EOS_TEXT, FakeTokenizer, hermes_tool_text
 
 __all__ = ["ChoiceOutput", "GenParams", "ToolPlan", "generate_choice"]
 

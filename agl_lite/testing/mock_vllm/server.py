@@ -17,8 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
-from agl_lite.testing.mock_vllm_generate import ChoiceOutput, GenParams, generate_choice
-from agl_lite.testing.mock_vllm_http import (
+from agl_lite.testing.mock_vllm.generate import ChoiceOutput, GenParams, generate_choice
+from agl_lite.testing.mock_vllm.http_io import (
     ApiError,
     RecordedRequest,
     chat_messages,
@@ -30,16 +30,16 @@ from agl_lite.testing.mock_vllm_http import (
     json_response,
     read_json,
 )
-from agl_lite.testing.mock_vllm_routes import add_side_routes
-from agl_lite.testing.mock_vllm_scenario import (
+from agl_lite.testing.mock_vllm.scenario import (
     ErrorReply,
     RequestPredicate,
     Scenario,
     ScenarioHook,
     ScenarioQueue,
 )
-from agl_lite.testing.mock_vllm_tokenizer import FakeTokenizer
-from agl_lite.testing.mock_vllm_wire import (
+from agl_lite.testing.mock_vllm.side_routes import add_side_routes
+from agl_lite.testing.mock_vllm.tokenizer import FakeTokenizer
+from agl_lite.testing.mock_vllm.wire import (
     DONE_FRAME,
     Envelope,
     chat_body,

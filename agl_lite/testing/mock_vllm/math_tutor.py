@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agl_lite.testing.mock_vllm_scenario import Scenario, last_user_text
+from agl_lite.testing.mock_vllm.scenario import Scenario, last_user_text
 
 __all__ = ["MathTutor", "final_answer", "load_problems", "wrong"]
 

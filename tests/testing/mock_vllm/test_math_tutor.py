@@ -9,7 +9,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from agl_lite.testing.mock_vllm import MockVLLM, running_mock
-from agl_lite.testing.mock_vllm_math import MathTutor, final_answer, load_problems, wrong
+from agl_lite.testing.mock_vllm.math_tutor import MathTutor, final_answer, load_problems, wrong
 
 PROBLEMS = {"What is 2 plus 3?": "5", "A box holds 24 pencils. How many are in 9 boxes?": "216"}
 

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from agl_lite.cli import app
 from agl_lite.testing.mock_vllm import MockVLLM, running_mock
-from agl_lite.testing.mock_vllm_faults import Fault, Faults
-from agl_lite.testing.mock_vllm_scenario import Scenario
+from agl_lite.testing.mock_vllm.faults import Fault, Faults
+from agl_lite.testing.mock_vllm.scenario import Scenario
 
 BODY: dict[str, Any] = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

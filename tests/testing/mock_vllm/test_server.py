@@ -14,9 +14,9 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from agl_lite.testing.mock_vllm import MockVLLM, running_mock
-from agl_lite.testing.mock_vllm_scenario import ErrorReply, Scenario, ToolCallSpec
+from agl_lite.testing.mock_vllm.scenario import ErrorReply, Scenario, ToolCallSpec
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32-cpu"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
 """Raw responses of a real vLLM 0.32 (see the README there), kept in the repository so the suite is self-contained."""
 
 MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is 2+3? Answer with the number."}]

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agl_lite.testing.mock_vllm_generate import ChoiceOutput
+from agl_lite.testing.mock_vllm.generate import ChoiceOutput
 
 __all__ = [
     "DONE_FRAME",

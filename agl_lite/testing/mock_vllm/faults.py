@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from agl_lite.testing.mock_vllm_scenario import ErrorReply, Scenario, ScenarioHook
+from agl_lite.testing.mock_vllm.scenario import ErrorReply, Scenario, ScenarioHook
 
 __all__ = ["Fault", "Faults"]
 

@@ -6,27 +6,50 @@ It owns those handlers and their wire shapes; it must not generate completions o
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 from aiohttp import web
 
-from agl_lite.testing.mock_vllm_http import (
+from agl_lite.testing.mock_vllm.http_io import (
     ApiError,
+    RecordedRequest,
     check_model,
     error_response,
     json_response,
     model_card,
     read_json,
 )
-from agl_lite.testing.mock_vllm_scenario import ErrorReply, Scenario
+from agl_lite.testing.mock_vllm.scenario import ErrorReply, Scenario, ScenarioQueue
+from agl_lite.testing.mock_vllm.tokenizer import FakeTokenizer
 
-if TYPE_CHECKING:
-    from agl_lite.testing.mock_vllm import MockVLLM
-
-__all__ = ["add_side_routes"]
+__all__ = ["MockState", "add_side_routes"]
 
 
-async def _tokenize(mock: MockVLLM, request: web.Request) -> web.Response:
+class MockState(Protocol):
+    """What these routes read and change of the mock (`server.MockVLLM` is one): declared here, so that this
+    module does not import the server that imports it."""
+
+    @property
+    def served_models(self) -> Sequence[str]: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def root(self) -> str | None: ...
+    @property
+    def tokenizer(self) -> FakeTokenizer: ...
+    @property
+    def scenarios(self) -> ScenarioQueue: ...
+    @property
+    def requests(self) -> list[RecordedRequest]: ...
+    def record(self, entry: RecordedRequest) -> None: ...
+    def enqueue(self, scenario: Scenario, *, match: str | None = None, times: int | None = 1) -> None: ...
+    def clear_scenarios(self) -> None: ...
+    def clear_requests(self) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+
+
+async def _tokenize(mock: MockState, request: web.Request) -> web.Response:
     try:
         body = await read_json(request, mock.record)
         if "model" in body:
@@ -46,7 +69,7 @@ async def _tokenize(mock: MockVLLM, request: web.Request) -> web.Response:
     )
 
 
-async def _post_scenarios(mock: MockVLLM, request: web.Request) -> web.Response:
+async def _post_scenarios(mock: MockState, request: web.Request) -> web.Response:
     try:
         data = await request.json()
         parsed = []
@@ -61,7 +84,7 @@ async def _post_scenarios(mock: MockVLLM, request: web.Request) -> web.Response:
     return json_response({"queued": len(mock.scenarios)})
 
 
-def add_side_routes(app: web.Application, mock: MockVLLM) -> None:
+def add_side_routes(app: web.Application, mock: MockState) -> None:
     async def models(_request: web.Request) -> web.Response:
         created = int(time.time())
         return json_response(

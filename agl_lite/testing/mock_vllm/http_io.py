@@ -13,8 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
-from agl_lite.testing.mock_vllm_generate import GenParams
-from agl_lite.testing.mock_vllm_scenario import ErrorReply
+from agl_lite.testing.mock_vllm.generate import GenParams
+from agl_lite.testing.mock_vllm.scenario import ErrorReply
 
 __all__ = [
     "ApiError",
