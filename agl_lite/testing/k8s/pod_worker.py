@@ -13,19 +13,41 @@ import hashlib
 import secrets
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from agl_lite.core.tasks import TaskSet
+from agl_lite.testing.k8s.config import FakeK8sConfig
 from agl_lite.testing.k8s.containers import ContainerProcess, Exit, StartError
 from agl_lite.testing.k8s.defaults import order_container_status, order_pod_status
 from agl_lite.testing.k8s.env import ConfigError
 from agl_lite.testing.k8s.launch import build_process, write_secret_volume
 from agl_lite.testing.k8s.meta import JsonObj, now
+from agl_lite.testing.k8s.registry import Registry
 from agl_lite.testing.k8s.resources import PODS, SECRETS
+from agl_lite.testing.k8s.storage import Storage
 
-if TYPE_CHECKING:
-    from agl_lite.testing.k8s.kubelet import Kubelet
+__all__ = ["PodHost", "PodWorker"]
 
-__all__ = ["PodWorker"]
+
+class PodHost(Protocol):
+    """What a pod worker needs of its node (`kubelet.Kubelet` is one): declared here, so that this module does not
+    import the kubelet that imports it."""
+
+    @property
+    def storage(self) -> Storage: ...
+    @property
+    def registry(self) -> Registry: ...
+    @property
+    def config(self) -> FakeK8sConfig: ...
+    @property
+    def root(self) -> Path: ...
+    @property
+    def tasks(self) -> TaskSet: ...
+    @property
+    def on_output(self) -> Callable[[], None]: ...
+    def allocate_ip(self) -> str: ...
+    def confirm_deletion(self, namespace: str, name: str, uid: str) -> None: ...
+
 
 MANAGER = "kubelet"
 _HOST_IP = "10.0.0.10"
@@ -38,7 +60,7 @@ def _image_id(image: str) -> str:
 
 
 class PodWorker:
-    def __init__(self, kubelet: Kubelet, pod: JsonObj) -> None:
+    def __init__(self, kubelet: PodHost, pod: JsonObj) -> None:
         metadata = pod["metadata"]
         self.kubelet = kubelet
         self.namespace, self.name, self.uid = metadata["namespace"], metadata["name"], metadata["uid"]
