@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from agl_lite.core.server import Gateway
 from agl_lite.service import running_gateway
@@ -16,6 +17,22 @@ from agl_lite.testing.gateway import write_config
 ADMIN_KEY = "test-admin-key-0123456789"
 
 GatewayFactory = Callable[..., AbstractAsyncContextManager[Gateway]]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The CLI configures structlog for the process: a level filter (`check-config` logs warnings only) and loggers
+    cached on first use. Run in-process by a test (CliRunner), both outlived it, and a later test's
+    `structlog.testing.capture_logs` saw nothing: tests passed or failed by their order. Here nothing is cached,
+    and each test ends with structlog's defaults back."""
+    configure = structlog.configure
+
+    def uncached(**kwargs: Any) -> None:
+        configure(**{**kwargs, "cache_logger_on_first_use": False})
+
+    monkeypatch.setattr(structlog, "configure", uncached)
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture(autouse=True)
