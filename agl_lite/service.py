@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from agl_lite.core.addons import AddonManager, instance_entry, load_chain
-from agl_lite.core.config import GatewayConfig
+from agl_lite.core.config import GatewayConfig, extra_position
 from agl_lite.core.key_source import protect_process
 from agl_lite.core.logs import configure_logging
 from agl_lite.core.server import Gateway
@@ -31,7 +31,7 @@ def build_gateway(config: GatewayConfig, extra_addons: Sequence[Any] = ()) -> Ga
     """
     chain = load_chain(config)
     extra = [instance_entry(addon, config) for addon in extra_addons]
-    at = next((i for i, item in enumerate(chain) if item.name == "sink"), len(chain))
+    at = extra_position([item.name for item in chain])
     return Gateway(config, AddonManager([*chain[:at], *extra, *chain[at:]]))
 
 

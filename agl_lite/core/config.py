@@ -12,7 +12,7 @@ import enum
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -25,6 +25,7 @@ __all__ = [
     "LogConfig",
     "ServerConfig",
     "UpstreamConfig",
+    "extra_position",
     "load_config",
     "load_toml",
     "option",
@@ -50,6 +51,12 @@ DEFAULT_CHAIN: tuple[str, ...] = (
 """The addon chain when the config names none. Order matters: the store first (others look it up), auth on every
 flow, then the addons that answer their own paths, then the LLM path (pause, route, anthropic, capture, tokens) and
 the sink that commits the captured call."""
+
+
+def extra_position(chain: Sequence[str]) -> int:
+    """Where added addons (`[addons] extra`, `extra_addons`) go in a chain: right before `sink`, so that they may
+    still change the captured call before it is committed; at the end of a chain without one."""
+    return chain.index("sink") if "sink" in chain else len(chain)
 
 
 def option(default: Any, doc: str, *, toml_key: str = "") -> Any:
@@ -139,7 +146,7 @@ class GatewayConfig:
         """`chain` with `extra` in its place: what the gateway loads."""
         if not self.extra:
             return self.chain
-        at = self.chain.index("sink") if "sink" in self.chain else len(self.chain)
+        at = extra_position(self.chain)
         return (*self.chain[:at], *self.extra, *self.chain[at:])
 
     @property

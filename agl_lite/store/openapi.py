@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from agl_lite import __version__
 from agl_lite.core.routes import HttpRoute, RouteKind, Scope, path_params, path_template
 from agl_lite.store import api
+from agl_lite.store.records import LABEL_KEY
 
 __all__ = ["JSON_VALUE", "bound_free_form", "document"]
 
@@ -55,7 +56,7 @@ QUERIES: dict[str, dict[str, dict[str, Any]]] = {
     },
     "calls.list": {
         "attempt_id": {"type": "string"},
-        "label": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}:"},
+        "label": {"type": "string", "pattern": f"^{LABEL_KEY.pattern}:"},
         "after_order_key": {"type": "integer", "minimum": -1, "maximum": 2**63 - 1},
         "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
         "max_bytes": _PAGE_BYTES,
