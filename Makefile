@@ -23,11 +23,13 @@ help:
 	@echo "make soak           the long reliability runs: faults under load (bench/soak.py), SIGKILLs (bench/crash.py)"
 	@echo "make docs           regenerate the generated parts of docs/"
 
-$(STAMP): pyproject.toml constraints.txt
+# fake-k8s/ is the fake Kubernetes cluster the tests run the Kubernetes runner against: a distribution of its own,
+# installed for development only, never part of agl-lite.
+$(STAMP): pyproject.toml fake-k8s/pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
-	$(PIP) install -c constraints.txt -e '.[dev]'
+	$(PIP) install -c constraints.txt -e '.[dev]' -e ./fake-k8s
 	@touch $@
 
 venv: $(STAMP)
@@ -57,8 +59,8 @@ $(CLAUDE_CODE): examples/swe-bench/package.json examples/swe-bench/package-lock.
 claude-code: $(CLAUDE_CODE)
 
 lint: $(STAMP)
-	$(BIN)/ruff check agl_lite tests bench examples scripts
-	$(BIN)/ruff format --check agl_lite tests bench examples scripts
+	$(BIN)/ruff check agl_lite fake-k8s tests bench examples scripts
+	$(BIN)/ruff format --check agl_lite fake-k8s tests bench examples scripts
 	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)

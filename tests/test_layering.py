@@ -34,18 +34,6 @@ WITHOUT_A_MIRROR_TEST = {
     "store/openapi.py",  # tests/addons/test_store_api.py
     "testing/flows.py",  # test doubles and helpers, from here on
     "testing/gateway.py",
-    "testing/k8s/config.py",
-    "testing/k8s/containers.py",
-    "testing/k8s/controller.py",
-    "testing/k8s/defaults.py",
-    "testing/k8s/faults.py",
-    "testing/k8s/managed_fields.py",
-    "testing/k8s/manifests.py",
-    "testing/k8s/meta.py",
-    "testing/k8s/observe.py",
-    "testing/k8s/resources.py",
-    "testing/k8s/schema.py",
-    "testing/k8s/status.py",
     "testing/mock_vllm/generate.py",
     "testing/mock_vllm/http_io.py",
     "testing/mock_vllm/side_routes.py",

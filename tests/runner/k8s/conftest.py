@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+from agl_fake_k8s import FakeK8s, FakeK8sConfig, Timings, running_fake_k8s
+from agl_fake_k8s.config import DEFAULT_NAMESPACES
 from agl_lite.client import AglLiteClient
 from agl_lite.core.server import Gateway
 from agl_lite.runner.k8s import K8sBackend
@@ -22,8 +24,6 @@ from agl_lite.store.base import RolloutSpec
 from agl_lite.store.records import RolloutConfig
 from agl_lite.testing import MockVLLM, running_mock
 from agl_lite.testing.gateway import write_config
-from agl_lite.testing.k8s import FakeK8s, FakeK8sConfig, Timings, running_fake_k8s
-from agl_lite.testing.k8s.config import DEFAULT_NAMESPACES
 from tests.conftest import ADMIN_KEY, gateway_url
 from tests.runner.agents import RunnerHarness
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from kubernetes.aio.client import ApiClient
 
+from agl_fake_k8s import FakeK8s
 from agl_lite.runner.k8s.cache import Cache
 from agl_lite.runner.k8s.cleanup import JobJanitor
 from agl_lite.runner.k8s.kube import KubeApi, load_configuration
@@ -21,7 +22,6 @@ from agl_lite.runner.k8s.ratelimit import TokenBucket
 from agl_lite.store.base import RolloutSpec
 from agl_lite.store.memory import MemoryStore
 from agl_lite.store.records import RolloutStatus
-from agl_lite.testing.k8s import FakeK8s
 from tests.runner.k8s.conftest import NAMESPACE, write_kubeconfig
 
 SELECTOR = f"{MANAGED_SELECTOR},{INSTANCE_LABEL}=agl-lite"

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from kubernetes.aio.client import ApiClient
 
+from agl_fake_k8s import FakeK8s
 from agl_lite.errors import ConfigError
 from agl_lite.runner.k8s.kube import AlreadyExists, Gone, KubeApi, KubeError, load_configuration
 from agl_lite.runner.k8s.ratelimit import TokenBucket
-from agl_lite.testing.k8s import FakeK8s
 from tests.runner.k8s.conftest import NAMESPACE, write_kubeconfig
 
 SELECTOR = "app.kubernetes.io/managed-by=agl-lite"
