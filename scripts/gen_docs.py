@@ -9,6 +9,7 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from agl_lite.core import config, hooks
 from agl_lite.core.registry import ADDONS, resolve_addon
@@ -64,22 +65,49 @@ def _schema_table(schema: dict[str, object]) -> str:
 
 
 def api_bodies() -> str:
-    from agl_lite.store.openapi import BODIES, QUERIES
-
+    """The body and the query parameters of each endpoint of the built-in addons, as each declared them."""
+    routes = [r for name in ADDONS for r in getattr(resolve_addon(name), "routes", ())]
     out, done = [], set()
-    for name, model in BODIES.items():
+    for route in routes:
+        model = route.body
+        if model is None:
+            continue
         schema = model.model_json_schema()
-        out.append(f"**`{name}`** takes `{model.__name__}`.\n")
+        out.append(f"**`{route.name}`** takes `{model.__name__}`.\n")
         for sub_name, sub in [(model.__name__, schema), *schema.get("$defs", {}).items()]:
             if sub_name not in done and "properties" in sub:
                 done.add(sub_name)
                 out.append(f"`{sub_name}`\n\n" + _schema_table(sub))
-    out.append(
-        "Query parameters: "
-        + "; ".join(f"`{name}`: " + ", ".join(f"`{p}`" for p in params) for name, params in QUERIES.items())
-        + ".\n"
-    )
-    return "\n".join(out)
+    out.append("Query parameters (any other is a 400):\n")
+    for route in routes:
+        if route.query:
+            params = ", ".join(f"`{name}` ({_param(p)})" for name, p in route.query.items())
+            out.append(f"- `{route.name}`: {params}")
+    return "\n".join(out) + "\n"
+
+
+def _number(x: float) -> str:
+    """A bound as people read it: 2^62 rather than 4611686018427387904, 8,388,608 rather than 8388608."""
+    if not float(x).is_integer():
+        return f"{x:g}"
+    n = int(x)
+    if n > 2**20 and n & (n - 1) == 0:
+        return f"2^{n.bit_length() - 1}"
+    if n > 2**20 and (n + 1) & n == 0:
+        return f"2^{n.bit_length()}−1"
+    return f"{n:,}"
+
+
+def _param(p: Any) -> str:
+    if p.enum:
+        text = " \\| ".join(f"`{e}`" for e in p.enum)
+    elif p.minimum is not None or p.maximum is not None:
+        lo = "" if p.minimum is None else _number(p.minimum)
+        hi = "" if p.maximum is None else _number(p.maximum)
+        text = f"{p.type} {lo}–{hi}" if hi else f"{p.type} ≥ {lo}"
+    else:
+        text = p.type
+    return text + ("" if p.default is None else f", default {p.default!r}")
 
 
 SECTIONS = {

@@ -9,12 +9,9 @@ produce. It sits after `route` (which only reads `model`, common to both APIs) a
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
-import orjson
 from multidict import CIMultiDict
 
 from agl_lite.capture.client_view import CLIENT_VIEW, ClientView
@@ -119,11 +116,8 @@ class Anthropic:
             if count
             else to_chat(parsed, strip_billing_header=strip)
         )
-        encoded = _encode(body)
         # Nothing changed before this point: a bad request leaves the flow as it came (and capture records it).
-        parsed.clear()
-        parsed.update(body)  # the JSON others read from now on is the upstream's
-        req.body = encoded
+        req.replace_json(body)  # the JSON others read from now on is the upstream's
         req.query_string = ""  # `?beta=true` means nothing upstream
         for header in [h for h in req.headers if h.lower().startswith("anthropic-")]:
             req.headers.popall(header, None)
@@ -174,15 +168,6 @@ class Anthropic:
         translator = flow.metadata.get(_TRANSLATOR)
         if isinstance(translator, StreamTranslator):
             translator.snapshot()
-
-
-def _encode(body: dict[str, Any]) -> bytes:
-    """The upstream body; the standard library takes what orjson refuses and Python (hence vLLM) reads: integers
-    past 64 bits, lone surrogates (escaped)."""
-    try:
-        return orjson.dumps(body)
-    except orjson.JSONEncodeError:
-        return json.dumps(body, separators=(",", ":")).encode()
 
 
 def _retarget(flow: Flow, *, tokenize: bool) -> None:

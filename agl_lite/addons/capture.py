@@ -61,7 +61,7 @@ class Capture:
         if api is None:
             return
         req = flow.request
-        call = new_call(api, req.body, NOTHING)
+        call = new_call(api, req.upstream_body(), NOTHING)  # the request before capture's own members
         md = flow.metadata
         md["capture.state"] = call
         md["capture.order_key"] = call.order_key
@@ -72,7 +72,7 @@ class Capture:
         added, call.strip = plan(body, api, logprobs=opts.logprobs, top_logprobs=opts.top_logprobs)
         if added:
             md["capture.injected"] = added
-            inject(req, body, added)
+            inject(req, added)
 
     def response_headers(self, flow: Flow) -> None:
         call: CallState | None = flow.metadata.get("capture.state")
@@ -111,7 +111,11 @@ class Capture:
                 return
             # Answered before capture's `request` ran (unknown model...): ordered by its start, as far as possible.
             call = new_call(
-                api, flow.request.body, NOTHING, at_ns=int(flow.t_start_wall * 1e9), forwarded=False
+                api,
+                flow.request.upstream_body(),
+                NOTHING,
+                at_ns=int(flow.t_start_wall * 1e9),
+                forwarded=False,
             )
         record = record_of(flow, call, md.get(CLIENT_VIEW))
         if record is not None:

@@ -10,23 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
-from urllib.parse import parse_qs
 
 from prometheus_client import Counter, Gauge
+from pydantic import BaseModel, ConfigDict, Field
 
+from agl_lite.core.api import Call, Endpoints, Param
 from agl_lite.core.config import GatewayConfig, option
-from agl_lite.core.flow import Flow, json_response
-from agl_lite.core.routes import HttpRoute, RouteKind, Scope
+from agl_lite.core.flow import Flow
+from agl_lite.core.routes import RouteKind, Scope
 from agl_lite.core.services import METRICS_REGISTRY, LoadContext, Services
-from agl_lite.errors import BadRequest, ConfigError, ServiceUnavailable, TooManyRequests
+from agl_lite.errors import ConfigError, ServiceUnavailable, TooManyRequests
 
-__all__ = ["MAX_HOLD_S", "Control", "PauseMode"]
+__all__ = ["MAX_HOLD_S", "Control", "PauseIn", "PauseMode"]
 
 MAX_HOLD_S = 3600
 """Longest hold a pause may ask for, in seconds (the bound the OpenAPI document states for `hold_timeout_s`)."""
@@ -39,28 +39,18 @@ class PauseMode(StrEnum):
     """New LLM calls get 429 at once."""
 
 
-class Control:
-    routes = (
-        HttpRoute(
-            "gateway_pause",
-            "POST",
-            "/api/gateway/pause",
-            Scope.ADMIN,
-            RouteKind.API,
-            'Pause LLM calls: body {"mode": "hold"|"reject", "hold_timeout_s"?: number}.',
-        ),
-        HttpRoute(
-            "gateway_resume", "POST", "/api/gateway/resume", Scope.ADMIN, RouteKind.API, "Resume LLM calls."
-        ),
-        HttpRoute(
-            "gateway_state",
-            "GET",
-            "/api/gateway/state",
-            Scope.ADMIN,
-            RouteKind.API,
-            "Pause state and in-flight LLM calls; `?wait_drained=S` waits up to S s for none in flight.",
-        ),
+class PauseIn(BaseModel):
+    """The body of `POST /api/gateway/pause` (none: the defaults)."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: PauseMode = PauseMode.HOLD
+    hold_timeout_s: float | None = Field(
+        None, ge=0, le=MAX_HOLD_S, strict=True, description="The hold's bound; the addon's default if absent."
     )
+
+
+class Control:
+    table = Endpoints()
 
     @dataclass(frozen=True, slots=True)
     class Options:
@@ -166,8 +156,7 @@ class Control:
             )
 
     async def request(self, flow: Flow) -> None:
-        route = flow.route
-        if route.kind is RouteKind.LLM:
+        if flow.route.kind is RouteKind.LLM:
             if self.paused:
                 await self._gate(flow)
             cap = self.options.max_in_flight
@@ -175,18 +164,61 @@ class Control:
                 self._refuse_busy(flow, cap)
             self._admitted.add(flow.id)
             self._changed()
-        elif route.name == "gateway_pause":
-            self._pause(flow)
-        elif route.name == "gateway_resume":
-            self._resume()
-            flow.response = json_response(200, self.state())
-        elif route.name == "gateway_state":
-            await self._answer_state(flow)
+        else:
+            await self.table.dispatch(self, flow)
 
     def flow_done(self, flow: Flow) -> None:
         if flow.id in self._admitted:
             self._admitted.discard(flow.id)
             self._changed()
+
+    # --- its endpoints -------------------------------------------------------------------------------------
+
+    @table.endpoint(
+        "gateway_pause",
+        "POST",
+        "/api/gateway/pause",
+        Scope.ADMIN,
+        'Pause LLM calls: body {"mode": "hold"|"reject", "hold_timeout_s"?: number}.',
+        body=PauseIn,
+        empty_body={},
+    )
+    async def _pause(self, call: Call) -> Any:
+        mode, timeout = call.body.mode, call.body.hold_timeout_s
+        if timeout is None:
+            timeout = self.options.hold_timeout_s
+        if not self.paused:
+            self.paused, self.paused_since = True, time.time()
+        elif mode is not self.mode:
+            self._wake_held()  # held calls re-check: switching to reject answers them 429 now
+        self.mode, self.hold_timeout_s = mode, float(timeout)
+        self._changed()
+        return self.state()
+
+    @table.endpoint("gateway_resume", "POST", "/api/gateway/resume", Scope.ADMIN, "Resume LLM calls.")
+    async def _resume(self, call: Call) -> Any:
+        if self.paused:
+            self.paused, self.mode, self.hold_timeout_s, self.paused_since = False, None, None, None
+            self._wake_held()
+            self._changed()
+        return self.state()
+
+    @table.endpoint(
+        "gateway_state",
+        "GET",
+        "/api/gateway/state",
+        Scope.ADMIN,
+        "Pause state and in-flight LLM calls; `?wait_drained=S` waits up to S s for none in flight.",
+        query={"wait_drained": Param("number", None, 0)},
+    )
+    async def _state(self, call: Call) -> Any:
+        wait = call.query["wait_drained"]
+        if wait is not None:
+            with contextlib.suppress(TimeoutError):
+                await self.wait_until(lambda c: c.in_flight == 0, min(wait, self.options.max_wait_s))
+        return self.state()
+
+    routes = table.routes
 
     # --- internals -------------------------------------------------------------------------------------------
 
@@ -238,54 +270,6 @@ class Control:
                 self.held -= 1
                 flow.metadata["control.held_s"] = loop.time() - t0
                 self._changed()
-
-    def _pause(self, flow: Flow) -> None:
-        # No body is the defaults; any other body must be JSON (whitespace alone is not: the fuzz found "\r" taken)
-        body = flow.request.json_object() if flow.request.body else {}
-        unknown = sorted(set(body) - {"mode", "hold_timeout_s"})
-        if unknown:
-            raise BadRequest(f"unknown field(s) {unknown}; known: mode, hold_timeout_s")
-        try:
-            mode = PauseMode(body.get("mode", PauseMode.HOLD))
-        except (ValueError, TypeError):
-            raise BadRequest("mode must be 'hold' or 'reject'", param="mode") from None
-        timeout = body.get("hold_timeout_s")
-        if timeout is None:
-            timeout = self.options.hold_timeout_s
-        elif (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not 0 <= timeout <= MAX_HOLD_S
-        ):
-            raise BadRequest(
-                f"hold_timeout_s must be a number from 0 to {MAX_HOLD_S}", param="hold_timeout_s"
-            )
-        if not self.paused:
-            self.paused, self.paused_since = True, time.time()
-        elif mode is not self.mode:
-            self._wake_held()  # held calls re-check: switching to reject answers them 429 now
-        self.mode, self.hold_timeout_s = mode, float(timeout)
-        self._changed()
-        flow.response = json_response(200, self.state())
-
-    def _resume(self) -> None:
-        if self.paused:
-            self.paused, self.mode, self.hold_timeout_s, self.paused_since = False, None, None, None
-            self._wake_held()
-            self._changed()
-
-    async def _answer_state(self, flow: Flow) -> None:
-        values = parse_qs(flow.request.query_string, keep_blank_values=True).get("wait_drained")
-        if values:
-            try:
-                wait = float(values[-1])
-            except ValueError:
-                wait = -1.0
-            if not 0 <= wait < math.inf:
-                raise BadRequest("wait_drained must be a number of seconds >= 0", param="wait_drained")
-            with contextlib.suppress(TimeoutError):
-                await self.wait_until(lambda c: c.in_flight == 0, min(wait, self.options.max_wait_s))
-        flow.response = json_response(200, self.state())
 
     def _wake_held(self) -> None:
         resumed, self._resumed = self._resumed, asyncio.Event()

@@ -104,7 +104,17 @@ def _bounded(counts: dict[Any, Any], key: Any) -> Any:
 class Metrics:
     # Public, as Prometheus scrapers expect: the route table is built before options are read, so the scope
     # cannot be an option yet. It shows counts, route and model names; never keys, rollout ids or bodies.
-    routes = (HttpRoute("metrics", "GET", "/metrics", Scope.PUBLIC, RouteKind.API, "Prometheus metrics."),)
+    routes = (
+        HttpRoute(
+            "metrics",
+            "GET",
+            "/metrics",
+            Scope.PUBLIC,
+            RouteKind.API,
+            "Prometheus metrics.",
+            media="text/plain",
+        ),
+    )
 
     @dataclass(frozen=True, slots=True)
     class Options:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from agl_lite.capture.strip import Strip
 from agl_lite.core.flow import Request
 
@@ -51,14 +49,6 @@ def plan(
     return added, Strip("return_token_ids" in added, "stream_options" in added, "logprobs" in added)
 
 
-def inject(req: Request, body: dict[str, Any], added: dict[str, Any]) -> None:
-    """Set `added` on the request whose JSON object is `body` (`req.json_object()`)."""
-    if body and not any(k in body for k in added):
-        # Append the new members to the bytes rather than re-encoding a body that can hold a long context.
-        raw = req.upstream_body().rstrip()  # (re-encoded here if an earlier addon changed the JSON)
-        if raw.endswith(b"}"):
-            req.body = raw[:-1] + b"," + orjson.dumps(added)[1:]
-            body.update(added)  # the same request, for whoever reads the JSON after us
-            return
-    body.update(added)
-    req.mark_json_changed()
+def inject(req: Request, added: dict[str, Any]) -> None:
+    """Set `added` on the request (new members are spliced into its bytes, see `Request.set_fields`)."""
+    req.set_fields(added)

@@ -20,6 +20,7 @@ from agl_lite.core.config import GatewayConfig, parse_dataclass
 from agl_lite.core.flow import Flow, error_response
 from agl_lite.core.hooks import Hook, all_hooks
 from agl_lite.core.registry import ADDONS, resolve_addon
+from agl_lite.core.api import Endpoints
 from agl_lite.core.routes import HttpRoute
 from agl_lite.core.services import LoadContext
 from agl_lite.errors import ConfigError, HttpError, InternalError
@@ -146,7 +147,15 @@ class AddonManager:
         """Every route the chain's addons declare (their `routes` class attribute), in chain order."""
         out: list[HttpRoute] = []
         for item in self.addons:
-            out.extend(getattr(item.addon, "routes", ()))
+            routes = tuple(getattr(item.addon, "routes", ()))
+            table = getattr(item.addon, "table", None)
+            if isinstance(table, Endpoints) and (missing := [r.name for r in table.routes if r not in routes]):
+                # `routes = table.routes` written above an endpoint's declaration: that endpoint would be a 404
+                raise ConfigError(
+                    f"addon {item.name!r} declares endpoints {missing} that are not in its routes; set "
+                    "`routes = table.routes` after its last endpoint"
+                )
+            out.extend(routes)
         return out
 
     def has(self, hook_name: str) -> bool:

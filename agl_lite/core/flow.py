@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from multidict import CIMultiDict
 from yarl import URL
 
-from agl_lite.core import json_limits
+from agl_lite.core import jsoncodec
 from agl_lite.errors import BadRequest, HttpError
 
 if TYPE_CHECKING:
@@ -109,44 +109,84 @@ class UpstreamTarget:
 
 @dataclass(slots=True, eq=False)
 class Request:
+    """The client's request. It owns the bytes that go upstream: `body` is what the client sent (decoded), and
+    addons change what is sent only through `set_fields` and `replace_json`, never by assigning bytes; the body is
+    then written again once per upstream attempt, by `core.jsoncodec` (see `upstream_body`)."""
+
     method: str
     path: str
     query_string: str
     headers: CIMultiDict[str]
     body: bytes
+    """The body as the client sent it (after its Content-Encoding was undone); set by the core only."""
     path_params: Mapping[str, str] = field(default_factory=dict)
     _json: Any = None
     _json_loaded: bool = False
-    _json_dirty: bool = False
+    _python_only: bool = (
+        False  # the JSON was read by the stdlib parser: write it back with the stdlib encoder
+    )
+    _base: bytes | None = None  # the bytes changes apply to: `body`, or a replacement's (`replace_json`)
+    _fields: dict[str, Any] | None = None  # top-level members set on top of `_base`
+    _new: bool = True  # ... none of them was in its object: they can be spliced into its bytes
+    _encoded: bytes | None = None  # what goes upstream, without any target's fields, once written
 
     def json(self) -> Any:
-        """The body parsed as JSON, once; invalid JSON is a 400."""
+        """The JSON that goes upstream (the client's body as parsed once, with the changes addons made); invalid
+        JSON is a 400. Treat it as read-only: change it through `set_fields` or `replace_json`."""
         if not self._json_loaded:
             if not self.body:
                 raise BadRequest("request body is empty; a JSON body is required")
-            self._json = json_limits.loads(self.body)
+            self._json, self._python_only = jsoncodec.parse(self.body)
             self._json_loaded = True
         return self._json
 
     def json_object(self) -> dict[str, Any]:
-        """The body as a JSON object; anything else is a 400."""
+        """`json()` when it is a JSON object; anything else is a 400."""
         obj = self.json()
         if not isinstance(obj, dict):
             raise BadRequest("request body must be a JSON object")
         return obj
 
-    def mark_json_changed(self) -> None:
-        """Call after mutating the object returned by `json()`; the body is re-serialised once, at forward time."""
-        self._json_dirty = True
+    def set_fields(self, fields: Mapping[str, Any]) -> None:
+        """Set top-level members of the JSON object sent upstream; `json()` shows them at once. Members the object
+        did not have are spliced into its bytes; changing one it had writes the body whole."""
+        obj = self.json_object()
+        if self._new and (not obj or any(k in obj for k in fields)):
+            self._new = False
+        obj.update(fields)
+        if self._fields is None:
+            self._fields = {}
+        self._fields.update(fields)
+        self._encoded = None
 
-    def upstream_body(self, patch: dict[str, Any] | None = None) -> bytes:
-        """The bytes to send upstream: the original body unless the JSON was changed or a patch applies."""
-        if patch:
-            return json.dumps({**self.json_object(), **patch}, separators=(",", ":")).encode()
-        if self._json_dirty:
-            self.body = json.dumps(self._json, separators=(",", ":")).encode()
-            self._json_dirty = False
-        return self.body
+    def replace_json(self, obj: Any) -> None:
+        """Send `obj` upstream instead of the client's body (a translation): written here, once; `json()` returns
+        it from now on, and `body` keeps what the client sent."""
+        self.json()  # (how the client's body was read decides how its values are written)
+        self._base = jsoncodec.dumps(obj, python_only=self._python_only)
+        self._json, self._fields, self._new, self._encoded = obj, None, True, None
+
+    def upstream_body(self, fields: Mapping[str, Any] | None = None) -> bytes:
+        """The bytes to send upstream, with `fields` (an upstream target's own top-level members, such as the
+        model name it serves) on top: the client's bytes when nothing changed, else written by `core.jsoncodec`."""
+        if self._encoded is None:
+            self._encoded = self._write(self._fields)
+        if not fields:
+            return self._encoded
+        obj = self.json_object()
+        if not obj or any(k in obj for k in fields):
+            return jsoncodec.dumps({**obj, **fields}, python_only=self._python_only)
+        return self._write({**(self._fields or {}), **fields})
+
+    def _write(self, fields: dict[str, Any] | None) -> bytes:
+        base = self.body if self._base is None else self._base
+        if not fields:
+            return base
+        if self._new:
+            spliced = jsoncodec.with_members(base, fields, python_only=self._python_only)
+            if spliced is not None:
+                return spliced
+        return jsoncodec.dumps({**self.json_object(), **fields}, python_only=self._python_only)
 
 
 @dataclass(slots=True, eq=False)

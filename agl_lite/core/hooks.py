@@ -118,10 +118,11 @@ class RequestHeadersHook(Hook):
 class RequestHook(Hook):
     """Fires when a request has been read (headers and body), in chain order.
 
-    Everything may still change: headers, the JSON body (`flow.request.json()` then `mark_json_changed()`),
-    `flow.upstreams`. Setting `flow.response` (or raising an `HttpError`) answers the request at once: later
-    `request` handlers are skipped and the upstream is never contacted. An unexpected exception fails the flow
-    closed with a 500 JSON error, so a crashing auth addon can never let a request through.
+    Everything may still change: headers, the JSON body (`flow.request.set_fields()` for top-level members,
+    `flow.request.replace_json()` for a whole translation), `flow.upstreams`. Setting `flow.response` (or
+    raising an `HttpError`) answers the request at once: later `request` handlers are skipped and the upstream is
+    never contacted. An unexpected exception fails the flow closed with a 500 JSON error, so a crashing auth addon
+    can never let a request through.
     """
 
     name = "request"

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
+from typing import Any
 
 from agl_lite.errors import ConfigError, MethodNotAllowed, NotFound
 
@@ -63,6 +64,9 @@ PATH_PARAM = "[!-~]{1,512}"
 the route's handler percent-decodes it. Only for names looked up, never for ids that become keys or files."""
 
 
+_NO_QUERY: Mapping[str, Any] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class HttpRoute:
     name: str
@@ -73,6 +77,16 @@ class HttpRoute:
     scope: Scope
     kind: RouteKind = RouteKind.API
     summary: str = ""
+    # What an endpoint answered by an addon takes and gives (`core.api` declares them, the OpenAPI document states
+    # them); not part of a route's identity.
+    body: type[Any] | None = field(default=None, compare=False)
+    """The pydantic model of its JSON body; None when it takes none."""
+    query: Mapping[str, Any] = field(default_factory=lambda: _NO_QUERY, compare=False)
+    """Its query parameters (`core.api.Param` by name); any other is a 400."""
+    status: int = field(default=200, compare=False)
+    """The status of its success."""
+    media: str = field(default="application/json", compare=False)
+    """The media type of its success's body."""
 
     @property
     def attributed(self) -> bool:

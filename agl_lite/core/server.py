@@ -309,11 +309,7 @@ class Gateway:
         try:
             return await self._relay(request, flow, upstream_resp)
         finally:
-            # A fully read body returns its connection to the pool; a partial one is closed, never reused.
-            upstream_resp.release()
-            target = flow.upstream
-            if target is not None and target.observer is not None:
-                target.observer.attempt_ended(target, ok=not isinstance(flow.error, UpstreamError))
+            self.upstream.finish(flow, upstream_resp)
 
     async def _send_short(
         self, request: web.BaseRequest, flow: Flow, *, end_hooks: bool = True

@@ -78,7 +78,9 @@ class Upstream:
         return self._pool
 
     async def open(self, flow: Flow) -> HttpResponse:
-        """The first usable upstream response for the flow; UpstreamError when every target failed."""
+        """The first usable upstream response for the flow; UpstreamError when every target failed. Each attempt is
+        counted with its target's observer from here to its end: a failed one here, the one that answered in
+        `finish`."""
         targets = flow.upstreams
         client_headers = flow.request.headers.items()
         last_error: UpstreamError | None = None
@@ -119,6 +121,13 @@ class Upstream:
                 continue
             return resp
         raise last_error or UpstreamError("no upstream is configured for this request")
+
+    def finish(self, flow: Flow, resp: HttpResponse) -> None:
+        """End the attempt that answered: its connection goes back to the pool if the body was read whole (a
+        partly read one is closed, never reused), and its observer hears how it ended."""
+        resp.release()
+        if flow.upstream is not None:
+            self._ended(flow.upstream, ok=not isinstance(flow.error, UpstreamError))
 
     @staticmethod
     def _ended(target: UpstreamTarget, *, ok: bool) -> None:

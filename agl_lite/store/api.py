@@ -7,10 +7,9 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from agl_lite.core.endpoints import ENDPOINT_PATTERN, endpoint_problem
-from agl_lite.core.json_limits import loads_storable
 from agl_lite.core.keys import KeyRole, derive_key
 from agl_lite.errors import BadRequest
 from agl_lite.store.base import LLM_CALL_KIND, EventSpec, RolloutSpec
@@ -27,12 +26,10 @@ __all__ = [
     "EventsIn",
     "FinishIn",
     "ModelIn",
-    "PauseIn",
     "ResourceIn",
     "TripletsIn",
     "agent_env",
     "grader_env",
-    "parse",
 ]
 
 ID = r"^[A-Za-z0-9_-]{1,128}$"
@@ -213,11 +210,6 @@ class ModelRemoveIn(_In):
     name: Annotated[str, Field(min_length=1, max_length=256)]
 
 
-class PauseIn(_In):
-    mode: Literal["hold", "reject"] = "hold"
-    hold_timeout_s: float | None = Field(None, ge=0, le=3600, strict=True)
-
-
 class TripletsIn(_In):
     """Triplets of many rollouts, as NDJSON (one line per rollout, in this order) up to `max_bytes` a response."""
 
@@ -230,22 +222,6 @@ class TripletsIn(_In):
     max_bytes: Annotated[int, Field(ge=1024, le=256 * 1024 * 1024), _NUMBER] = Field(
         8 * 1024 * 1024, description="Stop adding rollouts past this size."
     )
-
-
-def parse(model: type[_In], body: bytes) -> Any:
-    """Validate a JSON body into `model`; every problem is one 400 naming the field."""
-    if not body:
-        raise BadRequest("a JSON body is required")
-    raw = loads_storable(
-        body
-    )  # deeper, or with integers wider, than the store can hold: refused before a write
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()[:5]
-        )
-        raise BadRequest(f"invalid request: {problems}") from None
 
 
 def agent_env(public_url: str, admin_key: str, rollout: Rollout, attempt_id: str) -> dict[str, str]:

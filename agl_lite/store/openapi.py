@@ -1,77 +1,15 @@
-"""The OpenAPI 3.1 document of the service, generated from the route table and the payload models."""
+"""The OpenAPI 3.1 document of the service, generated from the route table: each route's body model, query
+parameters, status and media type are the ones its endpoint declared (`core.api`), the ones it enforces."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import BaseModel
-
 from agl_lite import __version__
 from agl_lite.core.routes import HttpRoute, RouteKind, Scope, path_params, path_template
-from agl_lite.store import api
-from agl_lite.store.records import LABEL_KEY
 
 __all__ = ["JSON_VALUE", "bound_free_form", "document"]
-
-BODIES: dict[str, type[BaseModel]] = {
-    "rollouts.enqueue": api.EnqueueIn,
-    "rollouts.cancel": api.CancelIn,
-    "rollouts.finish": api.FinishIn,
-    "attempts.start": api.AttemptIn,
-    "attempts.update": api.AttemptPatchIn,
-    "events.add": api.EventsIn,
-    "runner.claim": api.ClaimIn,
-    "resources.put": api.ResourceIn,
-    "models.put": api.ModelIn,
-    "models.remove": api.ModelRemoveIn,
-    "agent.events": api.AgentEventIn,
-    "grader.grade": api.AgentEventIn,
-    "gateway_pause": api.PauseIn,
-    "triplets.batch": api.TripletsIn,
-}
-"""The JSON body each route takes."""
-
-_INT = {"type": "integer", "minimum": 0, "maximum": 2**62}
-_PAGE_BYTES = {"type": "integer", "minimum": 1, "maximum": 8 * 1024 * 1024}
-"""A page's stored bytes (the API's `PAGE_BYTES` at most; a page always holds one row)."""
-QUERIES: dict[str, dict[str, dict[str, Any]]] = {
-    "rollouts.list": {
-        "status": {"type": "string", "enum": ["queuing", "running", "succeeded", "failed", "cancelled"]},
-        "mode": {"type": "string"},
-        "group_id": {"type": "string"},
-        "after": _INT,
-        "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
-    },
-    "rollouts.completed": {
-        "after": _INT,
-        "limit": {"type": "integer", "minimum": 0, "maximum": 1000},  # 0: no rows, the cursor's head
-        "wait": {"type": "number", "minimum": 0, "maximum": 60},
-    },
-    "events.list": {
-        "kind": {"type": "string"},
-        "after_seq": _INT,
-        "limit": {"type": "integer", "minimum": 1, "maximum": 10000},
-        "max_bytes": _PAGE_BYTES,
-    },
-    "calls.list": {
-        "attempt_id": {"type": "string"},
-        "label": {"type": "string", "pattern": f"^{LABEL_KEY.pattern}:"},
-        "after_order_key": {"type": "integer", "minimum": -1, "maximum": 2**63 - 1},
-        "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
-        "max_bytes": _PAGE_BYTES,
-    },
-    "resources.get": {"version": {"type": "integer", "minimum": 1, "maximum": 2**62}},
-    "triplets.get": {
-        "attempts": {"type": "string", "enum": ["final", "all"]},
-        "reward_policy": {"type": "string", "enum": ["last", "broadcast"]},
-        "missing_reward": {"type": "number"},
-    },
-    "gateway_state": {"wait_drained": {"type": "number", "minimum": 0}},
-}
-
-MEDIA = {"metrics": "text/plain", "triplets.batch": "application/x-ndjson"}
-"""Routes whose 200 is not JSON."""
 
 ERROR = {
     "type": "object",
@@ -166,12 +104,12 @@ def document(routes: Iterable[HttpRoute]) -> dict[str, Any]:
             for p, value in path_params(route.path)
         ]
         params += [
-            {"name": n, "in": "query", "required": False, "schema": s}
-            for n, s in QUERIES.get(route.name, {}).items()
+            {"name": n, "in": "query", "required": False, "schema": p.schema()}
+            for n, p in route.query.items()
         ]
         if params:
             op["parameters"] = params
-        model = BODIES.get(route.name)
+        model = route.body
         if model is not None:
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
@@ -187,14 +125,12 @@ def document(routes: Iterable[HttpRoute]) -> dict[str, Any]:
                 "required": True,
                 "content": {"application/json": {"schema": {"type": "object"}}},
             }
-        if route.name in MEDIA:
-            op["responses"]["200"]["content"] = {MEDIA[route.name]: {"schema": {"type": "string"}}}
+        if route.media != "application/json":
+            op["responses"]["200"]["content"] = {route.media: {"schema": {"type": "string"}}}
         if route.method == "HEAD":  # no body, whatever the status
             op["responses"] = {"200": {"description": "OK"}, "default": {"description": "An error"}}
-        if route.method in ("POST", "PATCH") and route.name.endswith(
-            (".enqueue", ".start", ".add", ".put", ".events", ".grade")
-        ):
-            op["responses"]["201"] = op["responses"].pop("200")
+        if route.status != 200:
+            op["responses"][str(route.status)] = op["responses"].pop("200")
         paths.setdefault(path_template(route.path), {})[route.method.lower()] = op
     return {
         "openapi": "3.1.0",

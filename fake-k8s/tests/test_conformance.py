@@ -1,6 +1,6 @@
-"""Replays the transcripts of a real kube-apiserver v1.20.2 (tests/fixtures/k8s-1.20 beside this file, see its README) against the
-fake, request for request over raw HTTP, and compares status codes and whole bodies after normalising what must
-differ (uids, times, resourceVersions, random name suffixes).
+"""Replays the transcripts of a real kube-apiserver v1.20.2 (fixtures/k8s-1.20 beside this file, see its README)
+against the fake, request for request over raw HTTP, and compares status codes and whole bodies after normalising
+what must differ (uids, times, resourceVersions, random name suffixes).
 
 As when the transcripts were recorded, no scheduler and no kubelet run: the test binds pods and writes their
 status itself. Known differences (the fake keeps modern Job fields, its Job controller reacts at once) are

@@ -64,7 +64,10 @@ def test_a_messages_flow_becomes_a_chat_completions_flow() -> None:
     Anthropic().request(flow)
     req = flow.request
     assert (
-        json.loads(req.body)
+        req.body == original
+    )  # the client's bytes stay what they were; what goes upstream is the translation
+    assert (
+        json.loads(req.upstream_body())
         == req.json()
         == {"model": "claude-x", "messages": BODY["messages"], "max_tokens": 20}
     )
@@ -95,7 +98,7 @@ def test_count_tokens_goes_to_tokenize_beside_v1() -> None:
         "http://10.0.0.1:8000/tokenize",
         "http://10.0.0.2/vllm/tokenize",
     ]
-    assert json.loads(flow.request.body)["add_generation_prompt"] is True
+    assert json.loads(flow.request.upstream_body())["add_generation_prompt"] is True
     assert CLIENT_VIEW not in flow.metadata  # not a generation: nothing for capture
     assert flow.request.path == "/v1/messages/count_tokens"
 
@@ -103,7 +106,7 @@ def test_count_tokens_goes_to_tokenize_beside_v1() -> None:
 def test_a_bad_request_is_a_400_that_changes_nothing() -> None:
     flow = messages_flow({"model": "claude-x", "messages": BODY["messages"]})
     before = (
-        flow.request.body,
+        flow.request.upstream_body(),
         flow.request.path,
         [str(t.url) for t in flow.upstreams],
         dict(flow.request.headers),
@@ -111,7 +114,7 @@ def test_a_bad_request_is_a_400_that_changes_nothing() -> None:
     with pytest.raises(BadRequest, match="max_tokens"):
         Anthropic().request(flow)
     after = (
-        flow.request.body,
+        flow.request.upstream_body(),
         flow.request.path,
         [str(t.url) for t in flow.upstreams],
         dict(flow.request.headers),

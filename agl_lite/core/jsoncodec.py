@@ -1,10 +1,16 @@
-"""How deeply a request's JSON may nest: one bound for every body the gateway parses (LLM calls through
-`Request.json`, the store API through its payload models), and the LLM calls' parse itself.
+"""The one JSON codec of request bodies: how they are read (within one nesting bound), and how a changed body is
+written again for the upstream.
 
-Why: a body that parses can still fail later — orjson, which the store serialises with, stops at 254 levels, and
-the stdlib parser recurses until Python's own limit — and then it fails after the upstream answered (a captured
-call the store cannot hold) or after the store took the write (a 500). Refusing it up front with a 400 keeps
-"bad input changes nothing". Must not do I/O.
+Reading. One bound for every body the gateway parses (LLM calls through `Request.json`, the store API through its
+payload models). Why: a body that parses can still fail later — orjson, which the store serialises with, stops at
+254 levels, and the stdlib parser recurses until Python's own limit — and then it fails after the upstream answered
+(a captured call the store cannot hold) or after the store took the write (a 500). Refusing it up front with a 400
+keeps "bad input changes nothing".
+
+Writing. A body is written again only when an addon changed it (`Request.set_fields`, `Request.replace_json`), once
+per upstream attempt: new top-level members are spliced into the original bytes (a long context is not encoded
+again); anything else is encoded whole by orjson, or by the stdlib when the body holds what only Python reads, so
+that the upstream reads the values the client sent. Must not do I/O.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import orjson
 
 from agl_lite.errors import BadRequest
 
-__all__ = ["MAX_JSON_DEPTH", "check_json_depth", "loads", "loads_storable"]
+__all__ = ["MAX_JSON_DEPTH", "check_json_depth", "dumps", "loads", "loads_storable", "parse", "with_members"]
 
 MAX_JSON_DEPTH = 128
 """Most nested arrays/objects a request body may hold (the store wraps bodies in a few levels of its own)."""
@@ -29,8 +35,14 @@ _RISKY_RUN = b"0" * 19
 
 
 def loads(body: bytes) -> Any:
+    """The body as Python (and so vLLM) reads it, within the depth bound; any problem is a 400 that says which."""
+    return parse(body)[0]
+
+
+def parse(body: bytes) -> tuple[Any, bool]:
     """The body as Python (and so vLLM) reads it — `NaN`, integers of any size, lone surrogates included — within
-    the depth bound; any problem is a 400 that says which.
+    the depth bound, and whether it was read by the stdlib parser (so must be written by the stdlib encoder, see
+    `dumps`); any problem is a 400 that says which.
 
     orjson reads the common body five times faster than the stdlib and to the same values, except that it reads
     an integer past 64 bits as a float, and refuses what only Python accepts (`NaN`, lone surrogates, a BOM,
@@ -43,7 +55,7 @@ def loads(body: bytes) -> Any:
             pass
         else:
             check_json_depth(obj, body)
-            return obj
+            return obj, False
     try:
         obj = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -51,7 +63,31 @@ def loads(body: bytes) -> Any:
     except RecursionError:  # thousands of nested brackets: the parser's own stack gave up
         raise BadRequest(f"request body nests deeper than {MAX_JSON_DEPTH} levels") from None
     check_json_depth(obj, body)
-    return obj
+    return obj, True
+
+
+def dumps(obj: Any, *, python_only: bool = False) -> bytes:
+    """`obj` as compact JSON for an upstream. orjson unless `python_only` (the value came from the stdlib parser):
+    orjson writes `NaN` as `null` and refuses integers past 64 bits and lone surrogates, which the stdlib writes
+    back as the client sent them."""
+    if not python_only:
+        try:
+            return orjson.dumps(obj)
+        except (
+            TypeError
+        ):  # (orjson.JSONEncodeError is one) a value built by an addon that only Python can write
+            pass
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def with_members(raw: bytes, members: dict[str, Any], *, python_only: bool = False) -> bytes | None:
+    """`raw`, the bytes of a JSON object with at least one member and none of `members`' keys, with `members` added
+    at its end and its other bytes unchanged; None when `raw` does not end as an object (the caller then encodes
+    the whole body)."""
+    raw = raw.rstrip()
+    if not raw.endswith(b"}"):
+        return None
+    return raw[:-1] + b"," + dumps(members, python_only=python_only)[1:]
 
 
 def loads_storable(body: bytes) -> Any:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agl_lite.core.json_limits import MAX_JSON_DEPTH, check_json_depth, loads, loads_storable
+from agl_lite.core.jsoncodec import MAX_JSON_DEPTH, check_json_depth, loads, loads_storable
 from agl_lite.errors import BadRequest
 
 

@@ -1,0 +1,170 @@
+"""An endpoint declared once: its query parameters, its body, its status and media, its OpenAPI entry, all from the
+one declaration; and an addon that declares one outside its routes is a ConfigError, not a silent 404."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from agl_lite.core.addons import AddonManager, LoadedAddon
+from agl_lite.core.api import Call, Endpoints, Param
+from agl_lite.core.flow import Flow, Response
+from agl_lite.core.routes import HttpRoute, Scope
+from agl_lite.errors import BadRequest, ConfigError
+from agl_lite.store.openapi import document
+from agl_lite.testing.flows import make_flow
+
+
+class ThingIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    size: int = 1
+
+
+class Things:
+    table = Endpoints()
+
+    @table.endpoint(
+        "things.list",
+        "GET",
+        "/api/things",
+        Scope.ADMIN,
+        "List things.",
+        query={"limit": Param("integer", 10, 1, 100), "kind": Param("string", enum=("a", "b"))},
+    )
+    async def list_things(self, call: Call) -> Any:
+        return {"query": dict(call.query)}
+
+    @table.endpoint(
+        "things.add", "POST", "/api/things", Scope.ADMIN, "Add a thing.", body=ThingIn, status=201
+    )
+    async def add(self, call: Call) -> Any:
+        return {"name": call.body.name, "size": call.body.size}
+
+    @table.endpoint(
+        "things.touch",
+        "POST",
+        "/api/things/{name}/touch",
+        Scope.ADMIN,
+        "Touch a thing.",
+        body=ThingIn,
+        empty_body={"name": "default"},
+    )
+    async def touch(self, call: Call) -> Any:
+        return {"path": call.params["name"], "body": call.body.name}
+
+    @table.endpoint("things.raw", "GET", "/api/things.txt", Scope.PUBLIC, "As text.", media="text/plain")
+    async def raw(self, call: Call) -> Any:
+        return Response(200, call.flow.request.headers.copy(), body=b"things")
+
+    routes = table.routes
+
+
+OTHER = HttpRoute("other", "GET", "/api/other", Scope.ADMIN)
+
+
+def _flow(method: str, path: str, **kwargs: Any) -> Flow:
+    return make_flow(method, path, routes=(*Things.routes, OTHER), **kwargs)
+
+
+async def _answer(flow: Flow) -> tuple[int, Any]:
+    assert await Things.table.dispatch(Things(), flow)
+    assert flow.response is not None
+    assert flow.response.body is not None
+    return flow.response.status, orjson.loads(flow.response.body)
+
+
+async def test_declared_parameters_arrive_typed_with_their_defaults() -> None:
+    assert await _answer(_flow("GET", "/api/things")) == (200, {"query": {"limit": 10, "kind": None}})
+    flow = _flow("GET", "/api/things", query_string="limit=5&kind=b&limit=7")  # the last of repeated ones
+    assert await _answer(flow) == (200, {"query": {"limit": 7, "kind": "b"}})
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("limit=1_000", "'limit' must be an integer"),
+        ("limit=%2B5", "'limit' must be an integer"),
+        ("limit=%205", "'limit' must be an integer"),
+        ("limit=%D9%A3", "'limit' must be an integer"),  # an Arabic-Indic three
+        ("limit=", "'limit' must be an integer"),
+        ("limit=0", "'limit' must be between 1 and 100"),
+        ("limit=101", "'limit' must be between 1 and 100"),
+        ("kind=c", "'kind' must be one of 'a', 'b'"),
+        ("color=red", "unknown query parameter(s) ['color']; known: ['kind', 'limit']"),
+    ],
+)
+async def test_a_bad_parameter_is_a_400_naming_it(query: str, message: str) -> None:
+    with pytest.raises(BadRequest) as caught:
+        await Things.table.dispatch(Things(), _flow("GET", "/api/things", query_string=query))
+    assert message in caught.value.message
+
+
+async def test_a_body_is_validated_into_its_model_and_answered_with_the_declared_status() -> None:
+    assert await _answer(_flow("POST", "/api/things", json_body={"name": "x"})) == (
+        201,
+        {"name": "x", "size": 1},
+    )
+    for body, problem in [
+        (b"", "a JSON body is required"),
+        (b'{"name": 1}', "name: Input should be a valid string"),
+        (b'{"name": "x", "colour": 1}', "colour: Extra inputs are not permitted"),
+        (b'{"name": "x", "size": 123456789012345678901234567890}', "does not fit 64 bits"),
+    ]:
+        with pytest.raises(BadRequest, match=problem):
+            await Things.table.dispatch(Things(), _flow("POST", "/api/things", body=body))
+
+
+async def test_an_endpoint_may_take_no_body_for_a_default_one() -> None:
+    flow = _flow("POST", "/api/things/t1/touch")
+    assert await _answer(flow) == (200, {"path": "t1", "body": "default"})
+    flow = _flow("POST", "/api/things/t1/touch", json_body={"name": "given"})
+    assert await _answer(flow) == (200, {"path": "t1", "body": "given"})
+
+
+async def test_a_handler_may_answer_whole_and_a_foreign_route_is_not_answered() -> None:
+    flow = _flow("GET", "/api/things.txt")
+    assert await Things.table.dispatch(Things(), flow)
+    assert flow.response is not None
+    assert flow.response.body == b"things"
+    other = _flow("GET", "/api/other")
+    assert not await Things.table.dispatch(Things(), other)
+    assert other.response is None
+
+
+def test_the_openapi_document_states_what_the_declaration_enforces() -> None:
+    paths = document(Things.routes)["paths"]
+    listed = paths["/api/things"]["get"]
+    assert {p["name"]: p["schema"] for p in listed["parameters"]} == {
+        "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
+        "kind": {"type": "string", "enum": ["a", "b"]},
+    }
+    added = paths["/api/things"]["post"]
+    assert added["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ThingIn"
+    }
+    assert "201" in added["responses"]
+    assert "200" not in added["responses"]
+    assert "text/plain" in paths["/api/things.txt"]["get"]["responses"]["200"]["content"]
+
+
+def test_an_addon_whose_routes_miss_an_endpoint_is_a_config_error() -> None:
+    class Late:
+        table = Endpoints()
+        routes = table.routes  # written above the endpoint: it would never be routed
+
+        @table.endpoint("late.get", "GET", "/api/late", Scope.ADMIN, "Late.")
+        async def get(self, call: Call) -> Any:
+            return {}
+
+    with pytest.raises(
+        ConfigError, match=r"addon 'late' declares endpoints \['late.get'\] that are not in its routes"
+    ):
+        AddonManager([LoadedAddon("late", Late())]).routes()
+    assert [r.name for r in AddonManager([LoadedAddon("things", Things())]).routes()][:2] == [
+        "things.list",
+        "things.add",
+    ]
