@@ -1,13 +1,15 @@
 """Everything an addon author imports, in one module: `from agl_lite import addon`.
 
 An addon is a plain class whose method names are hook names (`docs/architecture.md`, "Hooks"). This module is its
-whole face: the flow and what it carries, options and config, services (the store among them), routes, the SSE
+whole face: the flow and what it carries, options and config, services (the store among them), routes and
+endpoints (`Endpoints`: an /api endpoint declared once, its body model, query parameters and handler), the SSE
 parser, the records capture leaves, and the errors to raise. What is not here is internal and may change without
 notice. `agl_lite.testing.addons` is its testing kit.
 """
 
 from __future__ import annotations
 
+from agl_lite.core.api import Call, Endpoints, Param
 from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.flow import (
     Flow,
@@ -32,15 +34,17 @@ from agl_lite.errors import (
     ServiceUnavailable,
     TooManyRequests,
 )
-from agl_lite.store.base import STORE, Store
 from agl_lite.store.records import CallOutcome, ChoiceRecord, Event, LLMCall
+from agl_lite.store.rules import STORE, Store
 
 __all__ = [
     "STORE",
     "BadRequest",
+    "Call",
     "CallOutcome",
     "ChoiceRecord",
     "ConfigError",
+    "Endpoints",
     "Event",
     "Flow",
     "Forbidden",
@@ -50,6 +54,7 @@ __all__ = [
     "LLMCall",
     "LoadContext",
     "NotFound",
+    "Param",
     "Request",
     "Response",
     "RouteKind",

@@ -11,8 +11,7 @@ from typing import Annotated
 import typer
 
 from agl_lite import __version__
-from agl_lite.core.config import load_config
-from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.core.contract import KeyRole, derive_key
 from agl_lite.core.logs import configure_logging
 from agl_lite.core.routes import ID_PATTERN
 from agl_lite.errors import ConfigError
@@ -41,7 +40,7 @@ def run(config: ConfigOpt = Path("agl-lite.toml")) -> None:
 
     Example: AGL_KEY=$(openssl rand -hex 32) agl-lite run --config agl-lite.toml
     """
-    from agl_lite.service import serve
+    from agl_lite.service import load_config, serve
 
     try:
         cfg = load_config(config)
@@ -63,6 +62,7 @@ def check_config(config: Annotated[Path, typer.Argument(help="The agl-lite.toml 
     Example: agl-lite check-config agl-lite.toml
     """
     from agl_lite.service import check_config as check
+    from agl_lite.service import load_config
 
     configure_logging("warning")
     try:

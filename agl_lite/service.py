@@ -10,15 +10,24 @@ import gc
 import signal
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
+from agl_lite.addons import ADDONS, DEFAULT_CHAIN
+from agl_lite.core import config as core_config
 from agl_lite.core.addons import AddonManager, instance_entry, load_chain
 from agl_lite.core.config import GatewayConfig, extra_position
 from agl_lite.core.key_source import protect_process
 from agl_lite.core.logs import configure_logging
 from agl_lite.core.server import Gateway
 
-__all__ = ["build_gateway", "check_config", "running_gateway", "serve"]
+__all__ = ["build_gateway", "check_config", "load_config", "running_gateway", "serve"]
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    """The gateway's config from agl-lite.toml: the built-in default chain (`agl_lite.addons.DEFAULT_CHAIN`)
+    when the file names none."""
+    return core_config.load_config(path, default_chain=DEFAULT_CHAIN)
 
 
 def build_gateway(config: GatewayConfig, extra_addons: Sequence[Any] = ()) -> Gateway:
@@ -29,8 +38,8 @@ def build_gateway(config: GatewayConfig, extra_addons: Sequence[Any] = ()) -> Ga
     options: the config's `[addons."module:Class"]` when it has one, else the `options` it was built with, else
     its defaults (`core.addons.instance_entry`).
     """
-    chain = load_chain(config)
-    extra = [instance_entry(addon, config) for addon in extra_addons]
+    chain = load_chain(config, ADDONS)
+    extra = [instance_entry(addon, config, builtins=ADDONS) for addon in extra_addons]
     at = extra_position([item.name for item in chain])
     return Gateway(config, AddonManager([*chain[:at], *extra, *chain[at:]]))
 

@@ -88,6 +88,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "store,auth,store_api,control,metrics,route,capture,tokens,sink).",
     )
     p.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="Also run the agl-lite of another checkout (e.g. `git worktree add /tmp/base HEAD~1`), as "
+        "`agl-lite@base`, in the same interleaved rounds: an A/B of two builds against one relay.",
+    )
+    p.add_argument(
         "--agent-path",
         action="store_true",
         help="Send agl-lite's calls on the agent path (/r/{rollout}/a/{attempt}/v1, the agent key) as agents do, "
@@ -116,6 +123,21 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
             start_relay(children, base, cpus.server),
             start_agl_lite(children, base, tmp, cpus.server, chain, agent_path=args.agent_path),
         ]
+        if args.baseline is not None:
+            home = tmp / "baseline"
+            home.mkdir()
+            targets.append(
+                start_agl_lite(
+                    children,
+                    base,
+                    home,
+                    cpus.server,
+                    chain,
+                    agent_path=args.agent_path,
+                    source=args.baseline.resolve(),
+                    name="agl-lite@base",
+                )
+            )
         litellm = start_litellm(children, base, tmp, cpus.server)
         if litellm is not None:
             targets.append(litellm)
@@ -138,10 +160,13 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
                         cells.setdefault((t.name, mode, c), Cell()).add(cell)
         rows = build_rows(cells, targets)
         lines, valid = verdict(cells, litellm is not None)
+        if args.baseline is not None:
+            lines += ab_lines(cells)
         setup = (
             f"{seconds:g} s per cell in {rounds} interleaved round(s); hey -cpus 1; {cpus.describe()}; "
             f"upstream stream in {args.stream_writes} writes; agl-lite chain {', '.join(chain)}"
             + ("; agl-lite called on the agent path with the agent key" if args.agent_path else "")
+            + (f"; agl-lite@base from {args.baseline}" if args.baseline is not None else "")
         )
         notes = [
             f"{info['nproc']} CPUs: absolute figures are low and noisy on such a box; compare within this run only "
@@ -172,6 +197,25 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
         if args.profile:
             profile(hey, targets[2], tmp, seconds, cpus)
     return 0 if valid else 3
+
+
+def ab_lines(cells: Cells) -> list[str]:
+    """agl-lite against agl-lite@base at c=32: req/s and CPU per request, round by round against the same relay."""
+    top, out = max(CONCURRENCY), []
+    for mode in MODES:
+        new, old, relay = (cells[(t, mode, top)] for t in ("agl-lite", "agl-lite@base", "bare relay"))
+        paired = [
+            (n / r, o / r)
+            for n, o, r in zip(new.rounds_rps, old.rounds_rps, relay.rounds_rps, strict=True)
+            if r
+        ]
+        spread = ", ".join(f"{n:.2f}/{o:.2f}" for n, o in paired)
+        out.append(
+            f"a/b      {mode:<6} c={top}: agl-lite {new.rps / relay.rps:.3f}x relay, agl-lite@base "
+            f"{old.rps / relay.rps:.3f}x; CPU per request {new.cpu_us_per_request:.0f} vs "
+            f"{old.cpu_us_per_request:.0f} µs (rounds new/base vs relay: {spread})"
+        )
+    return out
 
 
 def profile(hey: str, target: Target, tmp: Path, seconds: float, cpus: Placement) -> None:

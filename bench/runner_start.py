@@ -18,10 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from agl_lite.runner.base import RunnerSettings
 from agl_lite.runner.env import ContractEnv
 from agl_lite.runner.local import LocalBackend
 from agl_lite.runner.plan import resolve
+from agl_lite.runner.seams import RunnerSettings
 from agl_lite.store.records import Attempt, AttemptStatus, Rollout, RolloutConfig, RolloutStatus
 from agl_lite.testing import MockVLLM, running_mock
 
@@ -84,7 +84,7 @@ async def measure(mode: str, rollouts: int, concurrency: int, work: Path, url: s
 
 
 def _launch(settings: RunnerSettings, rollout: Rollout, attempt: Attempt, contract: ContractEnv) -> object:
-    from agl_lite.runner.base import Launch
+    from agl_lite.runner.seams import Launch
 
     return Launch(
         rollout,

@@ -104,8 +104,13 @@ def start_agl_lite(
     chain: Sequence[str] = DEFAULT_CHAIN,
     *,
     agent_path: bool = False,
+    source: Path | None = None,
+    name: str = "agl-lite",
 ) -> Target:
     """agl-lite with `chain`; with `store` in it, the default SQLite store (and durability) in `tmp`.
+
+    `source`: run the agl-lite of another checkout (its `agl_lite/` package, on PYTHONPATH ahead of the installed
+    one), as `name`: an A/B of two builds in the same interleaved rounds (`bench/gateway.py --baseline`).
 
     `agent_path`: the calls go where every agent sends them, `/r/{rollout}/a/{attempt}/v1` with the rollout's
     agent key (a running rollout is made first): attributed, gated on the rollout, each with an `llm_call` event.
@@ -123,20 +128,14 @@ def start_agl_lite(
         f'[log]\nlevel = "info"\n\n[addons]\nchain = {json.dumps(list(chain))}\n'
         + ('\n[addons.store]\npath = "bench-store.db"\n' if "store" in chain else "")
     )
-    children.spawn(
-        "agl-lite",
-        [*agl_lite_argv(), "run", "--config", str(tmp / "agl-lite.toml")],
-        cpus=cpus,
-        env={"AGL_KEY": key},
-    )
-    children.wait_ready("agl-lite", f"http://127.0.0.1:{port}/healthz", 30)
+    argv = agl_lite_argv() if source is None else [PY, "-m", "agl_lite"]
+    env = {"AGL_KEY": key} if source is None else {"AGL_KEY": key, "PYTHONPATH": str(source)}
+    children.spawn(name, [*argv, "run", "--config", str(tmp / "agl-lite.toml")], cpus=cpus, env=env)
+    children.wait_ready(name, f"http://127.0.0.1:{port}/healthz", 30)
     base = f"http://127.0.0.1:{port}"
     if not agent_path:
         return Target(
-            "agl-lite",
-            base + "/v1/chat/completions",
-            {"Authorization": f"Bearer {key}"},
-            pid=children.pid("agl-lite"),
+            name, base + "/v1/chat/completions", {"Authorization": f"Bearer {key}"}, pid=children.pid(name)
         )
     if "store" not in chain:
         raise BenchError(
@@ -145,13 +144,13 @@ def start_agl_lite(
     rollout = {"rollouts": [{"input": "bench", "rollout_id": AGENT_ROLLOUT}]}
     _admin_post(base + "/api/rollouts", key, rollout)
     _admin_post(base + "/api/runner/claim", key, {"runner_id": "bench", "limit": 1})
-    from agl_lite.core.keys import derive_key  # (the bench runs in agl-lite's venv)
+    from agl_lite.core.contract import derive_key  # (the bench runs in agl-lite's venv)
 
     return Target(
-        "agl-lite",
+        name,
         f"{base}/r/{AGENT_ROLLOUT}/a/bench-attempt/v1/chat/completions",
         {"Authorization": f"Bearer {derive_key(key, AGENT_ROLLOUT)}"},
-        pid=children.pid("agl-lite"),
+        pid=children.pid(name),
     )
 
 

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agl_lite.addons import ADDONS, DEFAULT_CHAIN
 from agl_lite.core import config, hooks
-from agl_lite.core.registry import ADDONS, resolve_addon
+from agl_lite.core.registry import resolve_addon
 from agl_lite.core.routes import HttpRoute
 from agl_lite.core.server import CORE_ROUTES
 from agl_lite.runner.k8s.options import K8sOptions
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def addon_options() -> str:
     parts = []
     for name in ADDONS:
-        options = getattr(resolve_addon(name), "Options", None)
+        options = getattr(resolve_addon(name, ADDONS), "Options", None)
         if options is not None:
             parts.append(f"### `[addons.{name}]`\n\n" + config.reference_markdown(options))
     return "\n".join(parts)
@@ -43,7 +44,7 @@ def routes_file() -> str:
 def http_routes() -> str:
     routes: list[HttpRoute] = list(CORE_ROUTES)
     for name in ADDONS:
-        cls = resolve_addon(name)
+        cls = resolve_addon(name, ADDONS)
         routes.extend(getattr(cls, "routes", ()))
     lines = ["| method | path | scope | kind | what |", "|---|---|---|---|---|"]
     lines += [f"| {r.method} | `{r.path}` | {r.scope.value} | {r.kind.value} | {r.summary} |" for r in routes]
@@ -66,7 +67,7 @@ def _schema_table(schema: dict[str, object]) -> str:
 
 def api_bodies() -> str:
     """The body and the query parameters of each endpoint of the built-in addons, as each declared them."""
-    routes = [r for name in ADDONS for r in getattr(resolve_addon(name), "routes", ())]
+    routes = [r for name in ADDONS for r in getattr(resolve_addon(name, ADDONS), "routes", ())]
     out, done = [], set()
     for route in routes:
         model = route.body
@@ -112,7 +113,9 @@ def _param(p: Any) -> str:
 
 SECTIONS = {
     "hooks": hooks.reference_markdown,
-    "config": lambda: config.reference_markdown(config.GatewayConfig),
+    "config": lambda: config.reference_markdown(
+        config.GatewayConfig, defaults={"addons.chain": DEFAULT_CHAIN}
+    ),
     "addon-options": addon_options,
     "routes-file": routes_file,
     "http-routes": http_routes,

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from agl_lite import __version__
 from agl_lite.cli import app
-from agl_lite.core.keys import KeyRole, Principal, identify
+from agl_lite.core.contract import KeyRole, Principal, identify
 from tests.conftest import ADMIN_KEY
 
 runner = CliRunner()

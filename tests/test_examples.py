@@ -18,12 +18,12 @@ import openai
 import pytest
 from typer.testing import CliRunner
 
+from agl_lite.addons import DEFAULT_CHAIN
 from agl_lite.cli import app
 from agl_lite.client import AglLiteClient
-from agl_lite.core.config import DEFAULT_CHAIN
 from agl_lite.service import running_gateway
-from agl_lite.store.base import Store
 from agl_lite.store.records import AttemptStatus, Rollout, RolloutStatus
+from agl_lite.store.rules import Store
 from agl_lite.testing import MockVLLM, Scenario, running_mock
 from agl_lite.testing.gateway import write_config
 from tests.client.conftest import FAST, sqlite_options, store_of

@@ -30,7 +30,7 @@ WITHOUT_A_MIRROR_TEST = {
     "service.py",  # every test that starts a gateway
     "store/api.py",  # tests/addons/test_store_api.py
     "store/codec.py",  # tests/store
-    "store/memory.py",  # tests/store/test_base.py (parametrised over backends)
+    "store/memory.py",  # tests/store/test_rules.py (parametrised over backends)
     "store/openapi.py",  # tests/addons/test_store_api.py
     "testing/flows.py",  # test doubles and helpers, from here on
     "testing/gateway.py",

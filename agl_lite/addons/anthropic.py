@@ -16,8 +16,9 @@ from multidict import CIMultiDict
 
 from agl_lite.capture.client_view import CLIENT_VIEW, ClientView
 from agl_lite.core.config import GatewayConfig, option
+from agl_lite.core.contract import ATTRIBUTED_PREFIX
 from agl_lite.core.flow import Flow, Response, WholeBody
-from agl_lite.core.routes import ATTRIBUTED_PREFIX, HttpRoute, RouteKind, Scope, model_api_routes
+from agl_lite.core.routes import HttpRoute, RouteKind, Scope, model_api_routes
 from agl_lite.translate.anthropic import (
     MessageBuilder,
     StreamTranslator,

@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agl_lite.core.config import GatewayConfig, option
+from agl_lite.core.contract import KeyRole, Principal, identify
 from agl_lite.core.flow import Flow
 from agl_lite.core.key_source import key_file, read_key
-from agl_lite.core.keys import KeyRole, Principal, identify
 from agl_lite.core.routes import RouteKind, Scope
 from agl_lite.core.services import LoadContext
 from agl_lite.errors import ConfigError, Forbidden, Unauthorized
-from agl_lite.store.base import STORE, Store
 from agl_lite.store.records import RolloutStatus
+from agl_lite.store.rules import STORE, Store
 
 __all__ = ["MIN_KEY_LENGTH", "Auth"]
 

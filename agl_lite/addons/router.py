@@ -29,13 +29,13 @@ from prometheus_client.registry import Collector
 from yarl import URL
 
 from agl_lite.core.config import GatewayConfig, load_toml, option, parse_dataclass
-from agl_lite.core.endpoints import endpoint_problem
 from agl_lite.core.flow import Flow, UpstreamTarget, json_response
 from agl_lite.core.routes import RouteKind, model_api_routes
 from agl_lite.core.services import METRICS_REGISTRY, LoadContext
+from agl_lite.core.upstream_urls import endpoint_problem
 from agl_lite.errors import BadRequest, ConfigError, ModelNotFound
-from agl_lite.store.base import STORE, Store
 from agl_lite.store.records import ModelRecord
+from agl_lite.store.rules import STORE, Store
 
 __all__ = ["ModelRoute", "Router", "RoutesFile", "Strategy", "UpstreamSpec", "load_routes"]
 

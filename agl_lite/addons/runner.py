@@ -23,11 +23,11 @@ from agl_lite.core.routes import ID_PATTERN
 from agl_lite.core.services import LoadContext
 from agl_lite.errors import ConfigError
 from agl_lite.runner.backends import backend_class
-from agl_lite.runner.base import RunnerSettings, RunnerStore
 from agl_lite.runner.env import DEFAULT_PASS_ENV, FORBIDDEN_ENV, ContractEnv
 from agl_lite.runner.programs import cannot_start
 from agl_lite.runner.runner import Runner
-from agl_lite.store.base import STORE
+from agl_lite.runner.seams import RunnerSettings, RunnerStore
+from agl_lite.store.rules import STORE
 
 __all__ = ["AgentRunner"]
 

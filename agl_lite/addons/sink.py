@@ -24,8 +24,8 @@ from agl_lite.core.flow import Flow
 from agl_lite.core.prom import Histogram, histogram_family
 from agl_lite.core.services import METRICS_REGISTRY, LoadContext
 from agl_lite.errors import HttpError
-from agl_lite.store.base import STORE, Store
 from agl_lite.store.records import LLMCall
+from agl_lite.store.rules import STORE, Store
 
 __all__ = ["Sink"]
 

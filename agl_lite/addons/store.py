@@ -11,8 +11,8 @@ from typing import Literal
 from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.services import LoadContext
 from agl_lite.errors import ConfigError
-from agl_lite.store.base import STORE, Store
 from agl_lite.store.memory import MemoryStore
+from agl_lite.store.rules import STORE, Store
 from agl_lite.store.sqlite import SQLiteStore
 
 __all__ = ["Storage"]

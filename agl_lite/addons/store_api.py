@@ -14,15 +14,15 @@ from multidict import CIMultiDict
 
 from agl_lite.core.api import Call, Endpoints, Param
 from agl_lite.core.config import GatewayConfig
+from agl_lite.core.contract import ATTEMPT_FROM_POD, ATTRIBUTED_PREFIX, KeyRole, agent_env, grader_env
 from agl_lite.core.flow import Flow, Response
 from agl_lite.core.key_source import read_key
-from agl_lite.core.keys import KeyRole
-from agl_lite.core.routes import ATTRIBUTED_PREFIX, Scope
+from agl_lite.core.routes import Scope
 from agl_lite.core.services import LoadContext
 from agl_lite.errors import BadRequest, Conflict, Forbidden
 from agl_lite.store import api, triplets
-from agl_lite.store.base import STORE, RolloutFilter, Store
 from agl_lite.store.records import LABEL_KEY, RolloutStatus
+from agl_lite.store.rules import STORE, RolloutFilter, Store
 
 __all__ = ["PAGE_BYTES", "StoreApi"]
 
@@ -150,7 +150,7 @@ class StoreApi:
     async def attempts_start(self, call: Call) -> Any:
         attempt_id = call.body.attempt_id
         rollout = await self.store.get_rollout(call.params["rollout_id"])
-        if attempt_id == api.ATTEMPT_FROM_POD:
+        if attempt_id == ATTEMPT_FROM_POD:
             if rollout.status is not RolloutStatus.RUNNING:  # as start_attempt answers for any other id
                 raise Conflict(
                     f"rollout {rollout.id!r} is {rollout.status.value}; attempts start only while running"
@@ -163,8 +163,8 @@ class StoreApi:
         grader = rollout.config.grader is not None
         return {
             "attempt": attempt_json,
-            "env": api.agent_env(self.public_url, self.admin_key, rollout, attempt_id),
-            "grader_env": api.grader_env(self.public_url, self.admin_key, rollout, attempt_id)
+            "env": agent_env(self.public_url, self.admin_key, rollout, attempt_id),
+            "grader_env": grader_env(self.public_url, self.admin_key, rollout, attempt_id)
             if grader
             else None,
         }

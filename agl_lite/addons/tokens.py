@@ -13,13 +13,13 @@ from collections import Counter
 from dataclasses import dataclass
 
 from agl_lite.core.config import GatewayConfig, option
+from agl_lite.core.contract import KeyRole
 from agl_lite.core.flow import Flow
-from agl_lite.core.keys import KeyRole
 from agl_lite.core.routes import RouteKind
 from agl_lite.core.services import LoadContext
 from agl_lite.errors import TooManyRequests
-from agl_lite.store.base import STORE, Store
 from agl_lite.store.records import LLMCall
+from agl_lite.store.rules import STORE, Store
 
 __all__ = ["Tokens"]
 

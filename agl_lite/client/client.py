@@ -1,6 +1,6 @@
 """AglLiteClient: the store API and the gateway controls over HTTP, for trainers, the CLI and remote runners.
 
-It has the public methods of `agl_lite.store.base.Store` with the same names, signatures and records, so a runner
+It has the public methods of `agl_lite.store.rules.Store` with the same names, signatures and records, so a runner
 works the same against the in-process store and a remote one; plus the trainer's helpers (`enqueue_group`,
 `wait`, `completions`, `reward`, `paused`). It must not import the gateway's addons: HTTP only.
 """
@@ -24,7 +24,6 @@ from agl_lite.client.retry import RetryPolicy
 from agl_lite.client.settings import ClientSettings, Timeouts
 from agl_lite.client.transport import Transport, path
 from agl_lite.client.triplets import DEFAULT_PAGE_BYTES, iter_triplets
-from agl_lite.store.base import EventSpec, RolloutFilter, RolloutSpec
 from agl_lite.store.records import (
     Attempt,
     AttemptStatus,
@@ -36,6 +35,7 @@ from agl_lite.store.records import (
     RolloutConfig,
     RolloutStatus,
 )
+from agl_lite.store.rules import EventSpec, RolloutFilter, RolloutSpec
 from agl_lite.store.triplets import RolloutTriplets, TripletOptions
 
 __all__ = ["MAX_BATCH", "AglLiteClient"]

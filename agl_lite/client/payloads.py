@@ -11,7 +11,6 @@ from array import array
 from typing import Any
 
 from agl_lite.store import codec
-from agl_lite.store.base import EventSpec, RolloutSpec
 from agl_lite.store.records import (
     Attempt,
     Event,
@@ -21,6 +20,7 @@ from agl_lite.store.records import (
     Rollout,
     RolloutConfig,
 )
+from agl_lite.store.rules import EventSpec, RolloutSpec
 
 __all__ = [
     "attempt",

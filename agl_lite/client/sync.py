@@ -19,7 +19,6 @@ from agl_lite.client.results import AttemptEnv, GatewayState, StartedAttempt, Wa
 from agl_lite.client.retry import RetryPolicy
 from agl_lite.client.settings import Timeouts
 from agl_lite.client.triplets import DEFAULT_PAGE_BYTES
-from agl_lite.store.base import EventSpec, RolloutFilter, RolloutSpec
 from agl_lite.store.records import (
     Attempt,
     AttemptStatus,
@@ -31,6 +30,7 @@ from agl_lite.store.records import (
     RolloutConfig,
     RolloutStatus,
 )
+from agl_lite.store.rules import EventSpec, RolloutFilter, RolloutSpec
 from agl_lite.store.triplets import RolloutTriplets, TripletOptions
 
 __all__ = ["SyncAglLiteClient"]

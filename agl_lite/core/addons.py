@@ -16,11 +16,11 @@ from typing import Any
 
 import structlog
 
+from agl_lite.core.api import Endpoints
 from agl_lite.core.config import GatewayConfig, parse_dataclass
 from agl_lite.core.flow import Flow, error_response
 from agl_lite.core.hooks import Hook, all_hooks
-from agl_lite.core.registry import ADDONS, resolve_addon
-from agl_lite.core.api import Endpoints
+from agl_lite.core.registry import resolve_addon
 from agl_lite.core.routes import HttpRoute
 from agl_lite.core.services import LoadContext
 from agl_lite.errors import ConfigError, HttpError, InternalError
@@ -36,6 +36,8 @@ class LoadedAddon:
     """The chain entry (short name or import string)."""
     addon: Any
     options: Any = None
+    short: str = ""
+    """The short name of a built-in addon however the chain named it (`after` names those); else empty."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,17 +47,25 @@ class _Handler:
     is_async: bool
 
 
-def load_chain(config: GatewayConfig) -> list[LoadedAddon]:
-    """Instantiate the chain's addons with their typed options (`[addons.NAME]` checked by their `Options`)."""
+def load_chain(config: GatewayConfig, builtins: Mapping[str, str]) -> list[LoadedAddon]:
+    """Instantiate the chain's addons with their typed options (`[addons.NAME]` checked by their `Options`); short
+    names are those of `builtins` (`agl_lite.addons.ADDONS`)."""
     loaded = []
     seen: set[str] = set()
     for spec in config.full_chain:
         if spec in seen:
             raise ConfigError(f"{config.source}: addon {spec!r} appears twice in addons.chain")
         seen.add(spec)
-        cls = resolve_addon(spec)
-        loaded.append(LoadedAddon(spec, cls(), parse_options(cls, config.addons.get(spec, {}), config, spec)))
+        cls = resolve_addon(spec, builtins)
+        options = parse_options(cls, config.addons.get(spec, {}), config, spec)
+        loaded.append(LoadedAddon(spec, cls(), options, short_name(cls, builtins)))
     return loaded
+
+
+def short_name(cls: type, builtins: Mapping[str, str]) -> str:
+    """The short name `builtins` gives the addon class `cls`; empty for an addon of its own."""
+    target = f"{cls.__module__}:{cls.__qualname__}"
+    return next((short for short, t in builtins.items() if t == target), "")
 
 
 def parse_options(cls: type, table: Mapping[str, Any], config: GatewayConfig, name: str) -> Any:
@@ -71,7 +81,12 @@ def parse_options(cls: type, table: Mapping[str, Any], config: GatewayConfig, na
     return parse_dataclass(options_cls, table, file=config.source, where=f"addons.{name}")
 
 
-def instance_entry(addon: Any, config: GatewayConfig, table: Mapping[str, Any] | None = None) -> LoadedAddon:
+def instance_entry(
+    addon: Any,
+    config: GatewayConfig,
+    table: Mapping[str, Any] | None = None,
+    builtins: Mapping[str, str] | None = None,
+) -> LoadedAddon:
     """An addon instance as a chain entry (tests, `running_gateway(extra_addons=...)`), named by its import string.
     Its options: `table`, else the config's `[addons."module:Class"]`, parsed as for a chain entry; without either,
     the `options` it was built with (an instance of its `Options`), else its defaults."""
@@ -81,9 +96,10 @@ def instance_entry(addon: Any, config: GatewayConfig, table: Mapping[str, Any] |
         table = config.addons.get(name)
     options_cls = getattr(cls, "Options", None)
     own = getattr(addon, "options", None)
+    short = short_name(cls, builtins or {})
     if table is None and options_cls is not None and isinstance(own, options_cls):
-        return LoadedAddon(name, addon, own)
-    return LoadedAddon(name, addon, parse_options(cls, table or {}, config, name))
+        return LoadedAddon(name, addon, own, short)
+    return LoadedAddon(name, addon, parse_options(cls, table or {}, config, name), short)
 
 
 def _config_files(config: GatewayConfig) -> set[Path]:
@@ -93,21 +109,11 @@ def _config_files(config: GatewayConfig) -> set[Path]:
     return {Path(os.path.realpath(p)) for p in (config.source, config.routes_path)}
 
 
-def _canonical(item: LoadedAddon) -> str:
-    """The short name of a built-in addon however it was named (short name, import string, instance), else its
-    chain name."""
-    cls = type(item.addon)
-    return _SHORT_NAMES.get(f"{cls.__module__}:{cls.__qualname__}", item.name)
-
-
-_SHORT_NAMES = {target: short for short, target in ADDONS.items()}
-
-
 def check_order(addons: Sequence[LoadedAddon]) -> None:
     """Each addon's `after` (short name → why) names addons that, when in the chain, must come before it: their
     hooks set what it reads. A chain that breaks one is a ConfigError naming both (it would start, and silently
     skip a check or store nothing)."""
-    position = {_canonical(item): i for i, item in enumerate(addons)}
+    position = {item.short or item.name: i for i, item in enumerate(addons)}
     for i, item in enumerate(addons):
         for earlier, why in getattr(item.addon, "after", {}).items():
             j = position.get(earlier)
@@ -149,7 +155,9 @@ class AddonManager:
         for item in self.addons:
             routes = tuple(getattr(item.addon, "routes", ()))
             table = getattr(item.addon, "table", None)
-            if isinstance(table, Endpoints) and (missing := [r.name for r in table.routes if r not in routes]):
+            if isinstance(table, Endpoints) and (
+                missing := [r.name for r in table.routes if r not in routes]
+            ):
                 # `routes = table.routes` written above an endpoint's declaration: that endpoint would be a 404
                 raise ConfigError(
                     f"addon {item.name!r} declares endpoints {missing} that are not in its routes; set "

@@ -21,6 +21,7 @@ Must not do I/O (the handlers do).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,7 +41,8 @@ from agl_lite.errors import BadRequest
 __all__ = ["Call", "Endpoints", "Handler", "Param", "parse_body"]
 
 _INTEGER = re.compile(r"-?[0-9]{1,20}", re.ASCII)
-_NUMBER = re.compile(r"-?[0-9]{1,20}(?:\.[0-9]{1,20})?", re.ASCII)
+_NUMBER = re.compile(r"-?[0-9]{1,20}(?:\.[0-9]{1,20})?(?:[eE][-+]?[0-9]{1,4})?", re.ASCII)
+"""A JSON number (what the OpenAPI document's `number` lets a client send), in plain ASCII."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,8 @@ class Param:
         if not (_INTEGER if integer else _NUMBER).fullmatch(raw):
             raise BadRequest(f"query parameter {name!r} must be {'an integer' if integer else 'a number'}")
         value = int(raw) if integer else float(raw)
+        if not math.isfinite(value):  # 1e999
+            raise BadRequest(f"query parameter {name!r} must be a finite number")
         lo, hi = self.minimum, self.maximum
         if (lo is not None and value < lo) or (hi is not None and value > hi):
             lo_text = "" if lo is None else _number_text(lo)

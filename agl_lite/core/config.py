@@ -20,7 +20,6 @@ from typing import Any, Literal, TypeVar
 from agl_lite.errors import ConfigError
 
 __all__ = [
-    "DEFAULT_CHAIN",
     "GatewayConfig",
     "LogConfig",
     "ServerConfig",
@@ -35,22 +34,6 @@ __all__ = [
 T = TypeVar("T")
 
 MiB = 1024 * 1024
-
-DEFAULT_CHAIN: tuple[str, ...] = (
-    "store",
-    "auth",
-    "store_api",
-    "control",
-    "metrics",
-    "route",
-    "anthropic",
-    "capture",
-    "tokens",
-    "sink",
-)
-"""The addon chain when the config names none. Order matters: the store first (others look it up), auth on every
-flow, then the addons that answer their own paths, then the LLM path (pause, route, anthropic, capture, tokens) and
-the sink that commits the captured call."""
 
 
 def extra_position(chain: Sequence[str]) -> int:
@@ -128,7 +111,10 @@ class GatewayConfig:
     log: LogConfig = option(LogConfig(), "Logging.")
     routes: str = option("routes.toml", "Model routes file, relative to this config file.")
     chain: tuple[str, ...] = option(
-        DEFAULT_CHAIN, "Addons in order: short names or `module:Class` strings.", toml_key="addons.chain"
+        (),
+        "Addons in order: short names or `module:Class` strings; when the file names none, the default chain "
+        "(`agl_lite.addons.DEFAULT_CHAIN`).",
+        toml_key="addons.chain",
     )
     extra: tuple[str, ...] = option(
         (),
@@ -181,8 +167,9 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{p}: cannot read: {exc.strerror}") from exc
 
 
-def load_config(path: str | Path) -> GatewayConfig:
-    """Load agl-lite.toml; the `[addons]` table holds `chain`, `extra` and the per-addon tables."""
+def load_config(path: str | Path, *, default_chain: Sequence[str] = ()) -> GatewayConfig:
+    """Load agl-lite.toml; the `[addons]` table holds `chain` (`default_chain` when it has none), `extra` and the
+    per-addon tables."""
     data = load_toml(path)
     addons = data.pop("addons", {})
     if not isinstance(addons, dict):
@@ -191,6 +178,7 @@ def load_config(path: str | Path) -> GatewayConfig:
     for key in ("chain", "extra"):
         if key in addons:
             data[key] = addons.pop(key)
+    data.setdefault("chain", list(default_chain))
     for name, table in addons.items():
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: addons.{name} must be a table of options")
@@ -304,8 +292,9 @@ def _type_name(tp: Any) -> str:
     return names.get(tp, getattr(tp, "__name__", str(tp)))
 
 
-def reference_markdown(cls: type[Any], prefix: str = "") -> str:
-    """A table of every option of `cls` (recursing into nested tables) for docs/configuration.md."""
+def reference_markdown(cls: type[Any], prefix: str = "", defaults: Mapping[str, Any] | None = None) -> str:
+    """A table of every option of `cls` (recursing into nested tables) for docs/configuration.md; `defaults`
+    (by TOML key) for the options whose default the loader hands in (`addons.chain`)."""
     rows: list[str] = []
     nested: list[str] = []
     hints = typing.get_type_hints(cls)
@@ -317,7 +306,7 @@ def reference_markdown(cls: type[Any], prefix: str = "") -> str:
         if dataclasses.is_dataclass(tp) and isinstance(tp, type):
             nested.append(f"\n### `[{key}]`\n\n{f.metadata.get('doc', '')}\n\n" + reference_markdown(tp, ""))
             continue
-        default = f.metadata.get("default", f.default)
+        default = (defaults or {}).get(key, f.metadata.get("default", f.default))
         if isinstance(default, types.MappingProxyType):
             default = dict(default)
         if isinstance(default, tuple):

@@ -1,39 +1,24 @@
-"""Addon names: short names map to `"module:Class"` strings, resolved lazily, with readable errors.
-
-A chain entry is either a short name from `ADDONS` or an import string (`"myco.audit:Audit"`), so users plug
-in their own addons without forking.
+"""Addon names: a chain entry is a short name of the built-ins handed in (`agl_lite.addons.ADDONS`, name →
+`"module:Class"`) or an import string (`"myco.audit:Audit"`), so users plug in their own addons without forking;
+resolved lazily, with readable errors.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 
 from agl_lite.errors import AddonLoadError
 
-__all__ = ["ADDONS", "resolve_addon"]
-
-ADDONS: dict[str, str] = {
-    "store": "agl_lite.addons.store:Storage",
-    "auth": "agl_lite.addons.auth:Auth",
-    "store_api": "agl_lite.addons.store_api:StoreApi",
-    "metrics": "agl_lite.addons.metrics:Metrics",
-    "control": "agl_lite.addons.control:Control",
-    "route": "agl_lite.addons.router:Router",
-    "anthropic": "agl_lite.addons.anthropic:Anthropic",
-    "capture": "agl_lite.addons.capture:Capture",
-    "tokens": "agl_lite.addons.tokens:Tokens",
-    "sink": "agl_lite.addons.sink:Sink",
-    "runner": "agl_lite.addons.runner:AgentRunner",
-}
-"""Short name → import string of every built-in addon."""
+__all__ = ["resolve_addon"]
 
 
-def resolve_addon(spec: str) -> type:
-    """The addon class for a short name or a `module:Class` string."""
-    target = ADDONS.get(spec, spec)
+def resolve_addon(spec: str, builtins: Mapping[str, str]) -> type:
+    """The addon class for a short name of `builtins` or a `module:Class` string."""
+    target = builtins.get(spec, spec)
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        known = ", ".join(sorted(ADDONS))
+        known = ", ".join(sorted(builtins))
         raise AddonLoadError(f"unknown addon {spec!r}: use one of {known} or a 'module:Class' import string")
     try:
         module = importlib.import_module(module_name)

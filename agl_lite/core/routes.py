@@ -13,10 +13,10 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from agl_lite.core.contract import ATTRIBUTED_PREFIX
 from agl_lite.errors import ConfigError, MethodNotAllowed, NotFound
 
 __all__ = [
-    "ATTRIBUTED_PREFIX",
     "ID_PATTERN",
     "PATH_PARAM",
     "HttpRoute",
@@ -49,9 +49,6 @@ class RouteKind(StrEnum):
     API = "api"
     """Answered by an addon."""
 
-
-ATTRIBUTED_PREFIX = "/r/{rollout_id}/a/{attempt_id}"
-"""Path prefix that attributes a call to a rollout and attempt (DESIGN.md §2)."""
 
 _PARAM = re.compile(r"\{([a-z_]+)(?::(path))?\}")
 _SEGMENT = "[A-Za-z0-9_-]{1,128}"

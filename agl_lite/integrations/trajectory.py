@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from agl_lite.integrations.mismatch import Decode, Mismatch, classify, continues
-from agl_lite.store.tokens import common_prefix_len
+from agl_lite.store.packed_ids import common_prefix_len
 from agl_lite.store.triplets import Triplet
 
 __all__ = ["MergeStats", "Row", "Span", "merge_trajectories", "single_rows"]

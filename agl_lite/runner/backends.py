@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from agl_lite.errors import ConfigError
-from agl_lite.runner.base import Backend, RunnerSettings
+from agl_lite.runner.seams import Backend, RunnerSettings
 
 __all__ = ["BACKENDS", "backend_class"]
 

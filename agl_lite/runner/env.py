@@ -1,4 +1,4 @@
-"""The env an attempt starts with: the agent contract (DESIGN.md §2, built by `agl_lite.store.api`, the same
+"""The env an attempt starts with: the agent contract (DESIGN.md §2, built by `agl_lite.core.contract`, the same
 functions the store API answers with) and, for local processes, the few variables of the runner's own env it is
 told to pass on. Nothing else of the runner's env ever reaches an agent; the admin key never does.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-from agl_lite.store.api import agent_env, grader_env
+from agl_lite.core.contract import agent_env, grader_env
 from agl_lite.store.records import Rollout
 
 __all__ = ["DEFAULT_PASS_ENV", "FORBIDDEN_ENV", "ContractEnv", "process_env"]

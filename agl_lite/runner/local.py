@@ -26,12 +26,12 @@ from typing import Any
 import structlog
 
 from agl_lite.errors import ConfigError
-from agl_lite.runner.base import Launch, Outcome, RunnerSettings, RunnerStore
 from agl_lite.runner.env import process_env
 from agl_lite.runner.forkserver import ForkServer, ForkServerError, fork_eligible
 from agl_lite.runner.process import Exit, GroupProcess
 from agl_lite.runner.programs import cannot_start
 from agl_lite.runner.sandbox import CANNOT_EXEC, SETUP_FAILED
+from agl_lite.runner.seams import Launch, Outcome, RunnerSettings, RunnerStore
 from agl_lite.store.records import Attempt, AttemptStatus, Rollout
 
 __all__ = ["SANDBOX", "LocalBackend", "SandboxError"]

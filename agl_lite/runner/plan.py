@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from agl_lite.runner.base import Plan, RunnerSettings
+from agl_lite.runner.seams import Plan, RunnerSettings
 from agl_lite.store.records import Rollout
 
 __all__ = ["PlanError", "resolve"]

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from agl_lite.core.contract import ATTEMPT_FROM_POD
 from agl_lite.core.tasks import TaskSet
 from agl_lite.errors import Conflict, NotFound
-from agl_lite.runner.base import Backend, EnqueueSignal, Launch, Outcome, Plan, RunnerSettings, RunnerStore
 from agl_lite.runner.env import ContractEnv
 from agl_lite.runner.plan import PlanError, resolve
-from agl_lite.store.api import ATTEMPT_FROM_POD
+from agl_lite.runner.seams import Backend, EnqueueSignal, Launch, Outcome, Plan, RunnerSettings, RunnerStore
 from agl_lite.store.records import Attempt, AttemptStatus, Rollout, RolloutStatus
 
 __all__ = ["Runner"]

@@ -1,22 +1,20 @@
-"""The store's HTTP payloads, validated with pydantic (the OpenAPI document is generated from the same models),
-and the agent/grader environment of the agent contract (DESIGN.md §2). No I/O here.
+"""The store's HTTP payloads, validated with pydantic (the endpoints that take them declare them, and the OpenAPI
+document is generated from the same models). No I/O here.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from agl_lite.core.endpoints import ENDPOINT_PATTERN, endpoint_problem
-from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.core.contract import ATTEMPT_FROM_POD
+from agl_lite.core.upstream_urls import ENDPOINT_PATTERN, endpoint_problem
 from agl_lite.errors import BadRequest
-from agl_lite.store.base import LLM_CALL_KIND, EventSpec, RolloutSpec
-from agl_lite.store.records import AttemptStatus, Rollout, RolloutConfig
+from agl_lite.store.records import AttemptStatus, RolloutConfig
+from agl_lite.store.rules import LLM_CALL_KIND, EventSpec, RolloutSpec
 
 __all__ = [
-    "ATTEMPT_FROM_POD",
     "AgentEventIn",
     "AttemptIn",
     "AttemptPatchIn",
@@ -28,16 +26,10 @@ __all__ = [
     "ModelIn",
     "ResourceIn",
     "TripletsIn",
-    "agent_env",
-    "grader_env",
 ]
 
 ID = r"^[A-Za-z0-9_-]{1,128}$"
 KIND = r"^[a-z][a-z0-9_.-]{0,63}$"
-ATTEMPT_FROM_POD = "$(AGL_ATTEMPT_ID)"
-"""Given as the attempt id, asks for an env template that Kubernetes expands with the pod UID."""
-TASK_INPUT_LIMIT = 64 * 1024
-"""Above this many bytes of JSON, the input is not put in the env; the agent GETs AGL_TASK_URL instead."""
 
 
 def _json_number(value: Any) -> Any:
@@ -222,37 +214,3 @@ class TripletsIn(_In):
     max_bytes: Annotated[int, Field(ge=1024, le=256 * 1024 * 1024), _NUMBER] = Field(
         8 * 1024 * 1024, description="Stop adding rollouts past this size."
     )
-
-
-def agent_env(public_url: str, admin_key: str, rollout: Rollout, attempt_id: str) -> dict[str, str]:
-    """The environment an attempt starts with (DESIGN.md §2); `attempt_id` may be `$(AGL_ATTEMPT_ID)`."""
-    base = f"{public_url}/r/{rollout.id}/a/{attempt_id}"
-    key = derive_key(admin_key, rollout.id, KeyRole.AGENT)
-    env = {
-        "OPENAI_BASE_URL": f"{base}/v1",
-        "OPENAI_API_KEY": key,
-        "ANTHROPIC_BASE_URL": base,
-        "ANTHROPIC_API_KEY": key,
-        "AGL_EVENT_URL": f"{base}/events",
-        "AGL_ROLLOUT_ID": rollout.id,
-        "AGL_ATTEMPT_ID": attempt_id,
-        "AGL_MODE": rollout.mode,
-    }
-    task = orjson.dumps(rollout.input).decode()
-    if len(task) <= TASK_INPUT_LIMIT:
-        env["AGL_TASK_INPUT"] = task
-    else:
-        env["AGL_TASK_URL"] = f"{base}/task"
-    return env
-
-
-def grader_env(public_url: str, admin_key: str, rollout: Rollout, attempt_id: str) -> dict[str, str]:
-    """The grading step's environment: the grader key and its own URLs; never given to the agent."""
-    base = f"{public_url}/r/{rollout.id}/a/{attempt_id}"
-    return {
-        "AGL_GRADER_KEY": derive_key(admin_key, rollout.id, KeyRole.GRADER),
-        "AGL_GRADE_URL": f"{base}/grade",
-        "AGL_ROLLOUT_ID": rollout.id,
-        "AGL_ATTEMPT_ID": attempt_id,
-        "AGL_MODE": rollout.mode,
-    }

@@ -13,7 +13,6 @@ from typing import TypeVar
 
 import orjson
 
-from agl_lite.store.base import RolloutFilter, Store, within_bytes
 from agl_lite.store.records import (
     Attempt,
     Event,
@@ -23,6 +22,7 @@ from agl_lite.store.records import (
     Rollout,
     RolloutStatus,
 )
+from agl_lite.store.rules import RolloutFilter, Store, within_bytes
 
 __all__ = ["MemoryRepo", "MemoryStore"]
 

@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 
 from agl_lite.errors import BadRequest
-from agl_lite.store.base import REWARD_KIND, Store
 from agl_lite.store.records import CallOutcome, ChoiceRecord, Event, LLMCall, Rollout
+from agl_lite.store.rules import REWARD_KIND, Store
 
 __all__ = [
     "AttemptScope",

@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.core.contract import KeyRole, derive_key
 from agl_lite.testing.gateway import write_config
 
 from .gateway_process import GatewayProcess, start_gateway

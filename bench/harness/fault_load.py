@@ -30,7 +30,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from agl_lite.core.config import DEFAULT_CHAIN
+from agl_lite.addons import DEFAULT_CHAIN
 from agl_lite.testing import MockVLLM
 from agl_lite.testing.gateway import write_config
 from agl_lite.testing.mock_vllm import create_app

@@ -24,13 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loader import TaskOptions, load_instances, rollout_spec
 
-from agl_lite.core.config import load_config
+from agl_lite.core.contract import agent_env, grader_env
 from agl_lite.errors import ConfigError
-from agl_lite.runner.base import RunnerSettings
 from agl_lite.runner.k8s.manifest import build_job, launch_spec
 from agl_lite.runner.k8s.options import parse_k8s_options
 from agl_lite.runner.plan import resolve
-from agl_lite.store.api import agent_env, grader_env
+from agl_lite.runner.seams import RunnerSettings
+from agl_lite.service import load_config
 from agl_lite.store.records import Rollout
 
 HERE = Path(__file__).resolve().parent

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agl_lite.store.base import RolloutSpec
 from agl_lite.store.records import RolloutConfig
+from agl_lite.store.rules import RolloutSpec
 
 __all__ = [
     "DEFAULT_TEST_CMD",

@@ -15,15 +15,15 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from agl_lite.addons import DEFAULT_CHAIN
 from agl_lite.addons.anthropic import Anthropic
 from agl_lite.capture.client_view import CLIENT_VIEW, ClientView
-from agl_lite.core.config import DEFAULT_CHAIN
 from agl_lite.core.flow import Flow, Response, UpstreamTarget, error_response
 from agl_lite.core.routes import HttpRoute
 from agl_lite.core.server import Gateway
 from agl_lite.errors import BadRequest, ModelNotFound, TooManyRequests
-from agl_lite.store.base import STORE, Store
 from agl_lite.store.records import CallOutcome
+from agl_lite.store.rules import STORE, Store
 from agl_lite.testing import MockVLLM, running_mock
 from agl_lite.testing.addons import FlowRecorder
 from agl_lite.testing.flows import make_flow

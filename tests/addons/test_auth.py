@@ -7,8 +7,8 @@ import pytest
 from agl_lite.addons.auth import Auth
 from agl_lite.addons.router import Router
 from agl_lite.core.config import GatewayConfig
+from agl_lite.core.contract import KeyRole, derive_key
 from agl_lite.core.flow import Flow
-from agl_lite.core.keys import KeyRole, derive_key
 from agl_lite.errors import ConfigError, Forbidden, Unauthorized
 from agl_lite.testing.flows import make_flow
 from tests.conftest import ADMIN_KEY

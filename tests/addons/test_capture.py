@@ -22,8 +22,8 @@ from multidict import CIMultiDict
 
 from agl_lite.addons.capture import Capture
 from agl_lite.addons.router import Router
+from agl_lite.core.contract import derive_key
 from agl_lite.core.flow import Flow, Response
-from agl_lite.core.keys import derive_key
 from agl_lite.core.server import Gateway
 from agl_lite.errors import ConfigError
 from agl_lite.store.records import CallOutcome, LLMCall

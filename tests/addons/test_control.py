@@ -18,8 +18,8 @@ from agl_lite.addons.control import METRICS_REGISTRY, Control, ServiceUnavailabl
 from agl_lite.addons.metrics import Metrics
 from agl_lite.addons.router import Router
 from agl_lite.core.config import GatewayConfig
+from agl_lite.core.contract import derive_key
 from agl_lite.core.flow import Flow
-from agl_lite.core.keys import derive_key
 from agl_lite.core.server import Gateway
 from agl_lite.core.services import LoadContext
 from agl_lite.errors import BadRequest, ConfigError, TooManyRequests

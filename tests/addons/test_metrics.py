@@ -235,7 +235,7 @@ async def test_metrics_endpoint_counts_requests_through_the_gateway(gateway_url_
 
 
 async def test_sink_publishes_queue_depth_and_commit_latency(gateway_factory: GatewayFactory) -> None:
-    from agl_lite.core.config import DEFAULT_CHAIN
+    from agl_lite.addons import DEFAULT_CHAIN
 
     async with (
         running_mock(MockVLLM()) as url,

@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agl_lite.core.config import DEFAULT_CHAIN
-from agl_lite.core.keys import derive_key
+from agl_lite.addons import DEFAULT_CHAIN
+from agl_lite.core.contract import derive_key
 from agl_lite.core.server import Gateway
-from agl_lite.store.base import STORE, RolloutSpec, Store
 from agl_lite.store.records import CallOutcome, RolloutStatus
+from agl_lite.store.rules import STORE, RolloutSpec, Store
 from agl_lite.store.triplets import TripletOptions, rollout_triplets
 from agl_lite.testing.servers import serve_app
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url

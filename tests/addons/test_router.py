@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from agl_lite.addons.router import Router
-from agl_lite.core.config import load_config
 from agl_lite.core.flow import Flow, UpstreamTarget
 from agl_lite.errors import BadRequest, ConfigError, ModelNotFound
+from agl_lite.service import load_config
 from agl_lite.testing.flows import make_flow
 from agl_lite.testing.gateway import write_config
 

@@ -15,8 +15,8 @@ from agl_lite.core.config import GatewayConfig
 from agl_lite.errors import ConfigError
 from agl_lite.runner.local import LocalBackend
 from agl_lite.service import build_gateway, check_config, running_gateway
-from agl_lite.store.base import STORE, RolloutSpec
 from agl_lite.store.records import AttemptStatus, RolloutConfig, RolloutStatus
+from agl_lite.store.rules import STORE, RolloutSpec
 from agl_lite.testing.gateway import write_config
 from tests.runner.probe import exited, marked_pids, running_probe
 

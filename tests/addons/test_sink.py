@@ -18,12 +18,12 @@ import anthropic
 import openai
 import pytest
 
-from agl_lite.core.config import DEFAULT_CHAIN
+from agl_lite.addons import DEFAULT_CHAIN
+from agl_lite.core.contract import derive_key
 from agl_lite.core.flow import Flow
-from agl_lite.core.keys import derive_key
 from agl_lite.core.server import Gateway
-from agl_lite.store.base import STORE, RolloutSpec
 from agl_lite.store.records import LLMCall
+from agl_lite.store.rules import STORE, RolloutSpec
 from agl_lite.store.sqlite import SQLiteStore
 from agl_lite.testing import MockVLLM, running_mock
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url

@@ -11,8 +11,8 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 
-from agl_lite.core.keys import KeyRole, derive_key
-from agl_lite.store.base import STORE, Store
+from agl_lite.core.contract import KeyRole, derive_key
+from agl_lite.store.rules import STORE, Store
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 
 CHAIN = ("store", "auth", "store_api")

@@ -9,10 +9,10 @@ import openai
 import pytest
 
 from agl_lite.addons.tokens import Tokens
-from agl_lite.core.keys import derive_key
+from agl_lite.core.contract import derive_key
 from agl_lite.core.server import Gateway
-from agl_lite.store.base import STORE, RolloutSpec, Store
 from agl_lite.store.records import CallOutcome, ChoiceRecord, LLMCall, RolloutConfig
+from agl_lite.store.rules import STORE, RolloutSpec, Store
 from agl_lite.testing import MockVLLM, running_mock
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 

@@ -16,8 +16,8 @@ import pytest
 from agl_lite.client import AglLiteClient, RetryPolicy
 from agl_lite.core.server import Gateway
 from agl_lite.service import running_gateway
-from agl_lite.store.base import STORE, RolloutSpec, Store
 from agl_lite.store.records import CallOutcome, ChoiceRecord, LLMCall, Rollout, RolloutConfig, RolloutStatus
+from agl_lite.store.rules import STORE, RolloutSpec, Store
 from agl_lite.testing.gateway import write_config
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 

@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from agl_lite.client.cli import EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, app
-from agl_lite.store.base import EventSpec
 from agl_lite.store.records import RolloutStatus
+from agl_lite.store.rules import EventSpec
 from tests.client.conftest import BackgroundGateway, finished, make_call, running
 
 runner = CliRunner()

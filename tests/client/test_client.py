@@ -14,10 +14,10 @@ from agl_lite.client import (
     ForbiddenError,
     NotFoundError,
 )
-from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.core.contract import KeyRole, derive_key
 from agl_lite.core.server import Gateway
-from agl_lite.store.base import EventSpec, RolloutFilter, RolloutSpec
 from agl_lite.store.records import AttemptStatus, RolloutConfig, RolloutStatus
+from agl_lite.store.rules import EventSpec, RolloutFilter, RolloutSpec
 from tests.client.conftest import FAST, finished, make_call, running, store_of
 from tests.conftest import ADMIN_KEY, gateway_url
 

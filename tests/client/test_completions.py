@@ -11,8 +11,8 @@ import aiohttp
 
 from agl_lite.client import AglLiteClient
 from agl_lite.core.server import Gateway
-from agl_lite.store.base import Repo, Store
 from agl_lite.store.records import Rollout, RolloutStatus
+from agl_lite.store.rules import Repo, Store
 from tests.client.conftest import FAST, finished, running, store_of
 from tests.conftest import ADMIN_KEY, gateway_url
 

@@ -15,8 +15,8 @@ from agl_lite.client.errors import MissingDependency
 from agl_lite.client.export import call_rows, export_calls
 from agl_lite.client.writers import JsonlWriter, ParquetWriter, open_writer
 from agl_lite.core.server import Gateway
-from agl_lite.store.base import EventSpec, Store
 from agl_lite.store.records import CallOutcome, RolloutStatus
+from agl_lite.store.rules import EventSpec, Store
 from tests.client.conftest import make_call, running, store_of
 
 

@@ -22,8 +22,8 @@ import orjson
 import pytest
 
 from agl_lite.core.server import Gateway
-from agl_lite.store.base import RolloutSpec, Store
 from agl_lite.store.records import CallOutcome, ChoiceRecord, LLMCall, RolloutStatus
+from agl_lite.store.rules import RolloutSpec, Store
 from tests.client.conftest import store_of
 from tests.conftest import ADMIN_KEY, gateway_url
 

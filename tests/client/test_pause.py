@@ -11,9 +11,9 @@ from typing import Any
 import openai
 import pytest
 
+from agl_lite.addons import DEFAULT_CHAIN
 from agl_lite.addons.control import Control
 from agl_lite.client import AglLiteClient, DrainTimeout, GatewayState
-from agl_lite.core.config import DEFAULT_CHAIN
 from agl_lite.testing import MockVLLM, Scenario, running_mock
 from tests.client.conftest import FAST, sqlite_options
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url

@@ -1,5 +1,5 @@
 """The client is a remote Store: the same methods, signatures, records and errors, so a runner written against
-`agl_lite.store.base.Store` runs unchanged against a gateway elsewhere."""
+`agl_lite.store.rules.Store` runs unchanged against a gateway elsewhere."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 
 from agl_lite.client import AglLiteClient, SyncAglLiteClient
 from agl_lite.errors import Conflict, NotFound
-from agl_lite.store.base import EventSpec, RolloutSpec, Store
 from agl_lite.store.memory import MemoryStore
 from agl_lite.store.records import AttemptStatus, RolloutStatus
+from agl_lite.store.rules import EventSpec, RolloutSpec, Store
 
 STORE_METHODS = [
     "enqueue",

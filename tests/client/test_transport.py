@@ -23,7 +23,7 @@ from agl_lite.client import (
 )
 from agl_lite.core.server import Gateway
 from agl_lite.service import running_gateway
-from agl_lite.store.base import RolloutSpec
+from agl_lite.store.rules import RolloutSpec
 from agl_lite.testing.gateway import write_config
 from agl_lite.testing.servers import serve_app
 from tests.client.conftest import CHAIN, NO_UPSTREAM, sqlite_options

@@ -8,8 +8,8 @@ import pytest
 
 from agl_lite.client import AglLiteClient, BadRequestError, NotFoundError, SyncAglLiteClient
 from agl_lite.core.server import Gateway
-from agl_lite.store.base import EventSpec
 from agl_lite.store.records import RolloutStatus
+from agl_lite.store.rules import EventSpec
 from agl_lite.store.triplets import RewardPolicy, TripletOptions
 from tests.client.conftest import BackgroundGateway, make_call, running, store_of
 from tests.conftest import ADMIN_KEY, gateway_url

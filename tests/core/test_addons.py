@@ -7,10 +7,12 @@ from typing import Any
 
 import pytest
 
+from agl_lite.addons import ADDONS
 from agl_lite.core.addons import AddonManager, LoadedAddon, load_chain
-from agl_lite.core.config import load_config, option
+from agl_lite.core.config import option
 from agl_lite.core.flow import Flow, json_response
 from agl_lite.errors import AddonLoadError, ConfigError, Forbidden
+from agl_lite.service import load_config
 from agl_lite.testing.flows import make_flow
 
 
@@ -108,14 +110,14 @@ def test_unknown_addon_name_is_a_readable_error(tmp_path: Path) -> None:
         AddonLoadError,
         match=r"unknown addon 'nope': use one of anthropic, auth, capture, control, .*, store_api, tokens",
     ):
-        load_chain(load_config(path))
+        load_chain(load_config(path), ADDONS)
 
 
 def test_import_string_that_does_not_resolve(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('[addons]\nchain = ["no_such_module_x:Thing"]\n')
     with pytest.raises(AddonLoadError, match="cannot import module 'no_such_module_x'"):
-        load_chain(load_config(path))
+        load_chain(load_config(path), ADDONS)
 
 
 class WithOptions:
@@ -128,23 +130,23 @@ def test_addon_options_are_checked_by_its_options_class(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     spec = f"{__name__}:WithOptions"
     path.write_text(f'[addons]\nchain = ["{spec}"]\n[addons."{spec}"]\nlimit = 7\n')
-    (loaded,) = load_chain(load_config(path))
+    (loaded,) = load_chain(load_config(path), ADDONS)
     assert loaded.options == WithOptions.Options(limit=7)
     path.write_text(f'[addons]\nchain = ["{spec}"]\n[addons."{spec}"]\nlimmit = 7\n')
     with pytest.raises(ConfigError, match=r"unknown key 'addons\..*limmit' \(did you mean 'limit'\?\)"):
-        load_chain(load_config(path))
+        load_chain(load_config(path), ADDONS)
 
 
 def test_addon_listed_twice_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('[addons]\nchain = ["auth", "auth"]\n')
     with pytest.raises(ConfigError, match="appears twice"):
-        load_chain(load_config(path))
+        load_chain(load_config(path), ADDONS)
 
 
 def _chain(tmp_path: Path, chain: list[str]) -> list[LoadedAddon]:
     (tmp_path / "agl-lite.toml").write_text(f"[addons]\nchain = {json.dumps(chain)}\n")
-    return load_chain(load_config(tmp_path / "agl-lite.toml"))
+    return load_chain(load_config(tmp_path / "agl-lite.toml"), ADDONS)
 
 
 @pytest.mark.parametrize(
@@ -171,7 +173,7 @@ async def test_services_are_there_for_every_configure_wherever_their_provider_st
         '[addons]\nchain = ["auth", "tokens", "store"]\n[addons.store]\nbackend = "memory"\n'
     )
     config = load_config(tmp_path / "agl-lite.toml")
-    manager = AddonManager(load_chain(config))
+    manager = AddonManager(load_chain(config, ADDONS))
     await manager.load()
     await manager.configure(config)
     try:

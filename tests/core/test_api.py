@@ -168,3 +168,26 @@ def test_an_addon_whose_routes_miss_an_endpoint_is_a_config_error() -> None:
         "things.list",
         "things.add",
     ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"), [("0.5", 0.5), ("-2", -2.0), ("1e3", 1000.0), ("2.5E-3", 0.0025), ("4.8e+16", 4.8e16)]
+)
+def test_a_number_parameter_takes_what_json_writes(raw: str, value: float) -> None:
+    """Any JSON number: the OpenAPI document says `number`, and a client (or a fuzzer) writes exponents."""
+    assert Param("number").parse("x", raw) == value
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("1e999", "must be a finite number"),
+        ("inf", "must be a number"),
+        ("nan", "must be a number"),
+        ("0x10", "must be a number"),
+        ("1_0", "must be a number"),
+    ],
+)
+def test_a_number_parameter_refuses_what_is_no_finite_json_number(raw: str, message: str) -> None:
+    with pytest.raises(BadRequest, match=message):
+        Param("number").parse("x", raw)

@@ -4,8 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from agl_lite.core.config import DEFAULT_CHAIN, GatewayConfig, load_config
+from agl_lite.addons import DEFAULT_CHAIN
+from agl_lite.core.config import GatewayConfig
 from agl_lite.errors import ConfigError
+from agl_lite.service import load_config
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -12,8 +12,8 @@ import aiohttp
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
+from agl_lite.addons import DEFAULT_CHAIN
 from agl_lite.addons.metrics import Metrics
-from agl_lite.core.config import DEFAULT_CHAIN
 from agl_lite.testing import MockVLLM, Scenario, running_mock
 from tests.addons.test_metrics import scrape as scrape_text
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url

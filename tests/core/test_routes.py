@@ -5,7 +5,7 @@ import pytest
 from agl_lite.core import routes as routes_module
 from agl_lite.core.routes import ID_PATTERN, HttpRoute, RouteKind, RouteTable, Scope, model_api_routes
 from agl_lite.errors import BadRequest, ConfigError, MethodNotAllowed, NotFound
-from agl_lite.store.base import _check_id
+from agl_lite.store.rules import _check_id
 
 TABLE = RouteTable(
     [

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from agl_lite.core.config import load_config
+from agl_lite.service import load_config
 from agl_lite.store.sqlite import SQLiteStore
 from tests.deploy.test_manifests import DEPLOY, validate
 from tests.test_cli import chat_through

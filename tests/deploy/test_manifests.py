@@ -12,12 +12,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agl_lite.core.config import load_config
+from agl_lite.core.contract import agent_env, grader_env
 from agl_lite.errors import ConfigError
 from agl_lite.runner.k8s.manifest import LaunchSpec, build_job, build_secret
 from agl_lite.runner.k8s.options import grader_template, job_template, parse_k8s_options
-from agl_lite.service import check_config
-from agl_lite.store.api import agent_env, grader_env
+from agl_lite.service import check_config, load_config
 from agl_lite.store.records import Rollout
 
 K8S_SCHEMA = "1.31.0"

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
+from agl_lite.addons import DEFAULT_CHAIN
 from agl_lite.client import AglLiteClient
-from agl_lite.core.config import DEFAULT_CHAIN
 from agl_lite.service import running_gateway
-from agl_lite.store.base import RolloutSpec
 from agl_lite.store.records import AttemptStatus, CallOutcome, LLMCall, RolloutConfig, RolloutStatus
+from agl_lite.store.rules import RolloutSpec
 from agl_lite.testing import MockVLLM, Scenario, ToolCallSpec, running_mock
 from agl_lite.testing.gateway import write_config
 from tests.conftest import ADMIN_KEY, gateway_url

@@ -13,11 +13,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agl_lite.core.config import load_config
+from agl_lite.core.contract import agent_env
 from agl_lite.runner.k8s.manifest import LaunchSpec, build_job
 from agl_lite.runner.k8s.options import job_template, parse_k8s_options
-from agl_lite.service import check_config
-from agl_lite.store.api import agent_env
+from agl_lite.service import check_config, load_config
 from agl_lite.store.records import Rollout
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -32,9 +32,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from agl_lite.addons import DEFAULT_CHAIN
 from agl_lite.client import AglLiteClient
-from agl_lite.core.config import DEFAULT_CHAIN
-from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.core.contract import KeyRole, derive_key
 from agl_lite.service import running_gateway
 from agl_lite.store.records import Attempt, AttemptStatus, CallOutcome, Event, LLMCall, Rollout, RolloutStatus
 from agl_lite.testing import MockVLLM, Scenario, ToolCallSpec, running_mock

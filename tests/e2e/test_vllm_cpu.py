@@ -30,8 +30,8 @@ import pytest
 
 from agl_lite.core.server import Gateway
 from agl_lite.service import running_gateway
-from agl_lite.store.base import STORE, Store
 from agl_lite.store.records import CallOutcome, LLMCall
+from agl_lite.store.rules import STORE, Store
 from agl_lite.testing.gateway import write_config
 from tests.conftest import ADMIN_KEY, gateway_url
 

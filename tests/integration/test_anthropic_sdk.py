@@ -20,7 +20,7 @@ import pytest
 from anthropic.types import Message, MessageTokensCount, ModelInfo, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from agl_lite.core.keys import derive_key
+from agl_lite.core.contract import derive_key
 from agl_lite.core.server import Gateway
 from agl_lite.store.records import CallOutcome, LLMCall
 from agl_lite.testing import MockVLLM, Scenario, ToolCallSpec, running_mock

@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 
 from agl_lite.core.services import LoadContext
-from agl_lite.store.base import STORE
 from agl_lite.store.memory import MemoryRepo, MemoryStore
 from agl_lite.store.records import CallOutcome
+from agl_lite.store.rules import STORE
 from agl_lite.store.sqlite import SQLiteStore
 from agl_lite.testing import MockVLLM, running_mock
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url

@@ -20,10 +20,10 @@ import pytest
 import tomli_w
 
 from agl_lite.client import AglLiteClient
-from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.core.contract import KeyRole, derive_key
 from agl_lite.core.server import Gateway
-from agl_lite.store.base import RolloutSpec
 from agl_lite.store.records import AttemptStatus, RolloutConfig, RolloutStatus
+from agl_lite.store.rules import RolloutSpec
 from agl_lite.testing import MockVLLM, running_mock
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 from tests.runner.agents import GRADED_AGENT, GRADER, SH_AGENT, RunnerHarness

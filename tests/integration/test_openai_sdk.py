@@ -15,7 +15,7 @@ import aiohttp
 import openai
 import pytest
 
-from agl_lite.core.keys import derive_key
+from agl_lite.core.contract import derive_key
 from agl_lite.core.server import Gateway
 from agl_lite.testing import MockVLLM, Scenario, ToolCallSpec, running_mock
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url

@@ -9,12 +9,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agl_lite.core.config import DEFAULT_CHAIN
-from agl_lite.core.keys import KeyRole, derive_key
-from agl_lite.core.registry import ADDONS
+from agl_lite.addons import ADDONS, DEFAULT_CHAIN
+from agl_lite.core.contract import KeyRole, derive_key
 from agl_lite.core.routes import HttpRoute, Scope
 from agl_lite.core.server import Gateway
-from agl_lite.store.base import STORE, RolloutSpec
+from agl_lite.store.rules import STORE, RolloutSpec
 from agl_lite.testing.servers import serve_app
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 

@@ -14,8 +14,8 @@ from agl_lite.client import AglLiteClient
 from agl_lite.client.writers import open_writer
 from agl_lite.core.server import Gateway
 from agl_lite.integrations.export import export_trajectories, grpo_advantages
-from agl_lite.store.base import EventSpec, RolloutSpec
 from agl_lite.store.records import RolloutStatus
+from agl_lite.store.rules import EventSpec, RolloutSpec
 from tests.client.conftest import make_call, store_of
 
 

@@ -28,8 +28,8 @@ from schemathesis import GenerationMode
 from schemathesis.core.failures import FailureGroup
 from schemathesis.core.parameters import ParameterLocation
 
-from agl_lite.core.config import DEFAULT_CHAIN
-from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.addons import DEFAULT_CHAIN
+from agl_lite.core.contract import KeyRole, derive_key
 from agl_lite.store.openapi import bound_free_form
 from agl_lite.testing.gateway import write_config
 from bench.harness.gateway_process import gateway_processes, log_problems, secrets_in, start_gateway

@@ -22,9 +22,9 @@ import pytest
 import tomli_w
 
 from agl_lite.client import AglLiteClient
-from agl_lite.core.keys import KeyRole, derive_key
-from agl_lite.store.base import RolloutSpec
+from agl_lite.core.contract import KeyRole, derive_key
 from agl_lite.store.records import RolloutConfig, RolloutStatus
+from agl_lite.store.rules import RolloutSpec
 from bench.harness.gateway_process import gateway_processes, start_gateway
 from tests.runner.probe import Probe, exited, marked_pids, running_probe
 

@@ -27,16 +27,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from agl_lite.addons import ADDONS, DEFAULT_CHAIN
 from agl_lite.core.addons import load_chain
 from agl_lite.core.api import parse_body
-from agl_lite.core.config import DEFAULT_CHAIN, load_config
 from agl_lite.core.flow import Request
 from agl_lite.core.jsoncodec import MAX_JSON_DEPTH
-from agl_lite.core.registry import ADDONS, resolve_addon
+from agl_lite.core.registry import resolve_addon
 from agl_lite.core.server import Gateway
 from agl_lite.core.sse import DoneDetector, SSEParser
 from agl_lite.errors import BadRequest, ConfigError
-from agl_lite.store.base import STORE
+from agl_lite.service import load_config
+from agl_lite.store.rules import STORE
 from agl_lite.testing import MockVLLM, running_mock
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 from tests.reliability.sqlite_view import store_digest
@@ -112,7 +113,7 @@ def _keys_of(section: str) -> st.SearchStrategy[str]:
 def _addon_options(name: str) -> st.SearchStrategy[dict[str, Any]]:
     import dataclasses
 
-    options = getattr(resolve_addon(name), "Options", None)
+    options = getattr(resolve_addon(name, ADDONS), "Options", None)
     known = [f.name for f in dataclasses.fields(options)] if options is not None else []
     keys = st.sampled_from(known) | st.text(max_size=8) if known else st.text(max_size=8)
     return st.dictionaries(keys, TOML_VALUES, max_size=4)
@@ -143,7 +144,7 @@ def test_any_config_document_loads_or_is_a_config_error_naming_the_problem(doc: 
         path = Path(tmp) / "agl-lite.toml"
         path.write_text(tomli_w.dumps(doc))
         with contextlib.suppress(ConfigError):  # anything else escaping is the failure
-            load_chain(load_config(path))  # every addon's options parsed too
+            load_chain(load_config(path), ADDONS)  # every addon's options parsed too
 
 
 @settings(deadline=None)
@@ -189,7 +190,7 @@ def _json_bytes(value: Any) -> bytes:
 BODIES = {
     r.name: r.body
     for addon in DEFAULT_CHAIN
-    for r in getattr(resolve_addon(addon), "routes", ())
+    for r in getattr(resolve_addon(addon, ADDONS), "routes", ())
     if r.body is not None
 }
 """The body model of every endpoint of the default chain, as each declared it."""

@@ -16,8 +16,8 @@ import openai
 import orjson
 import pytest
 
-from agl_lite.core.config import DEFAULT_CHAIN
-from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.addons import DEFAULT_CHAIN
+from agl_lite.core.contract import KeyRole, derive_key
 from agl_lite.testing import MockVLLM, running_mock
 from agl_lite.testing.gateway import write_config
 from bench.harness.gateway_process import gateway_processes, log_records, secrets_in, start_gateway

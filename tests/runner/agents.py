@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agl_lite.client import AglLiteClient
-from agl_lite.store.base import RolloutSpec
 from agl_lite.store.records import Rollout
+from agl_lite.store.rules import RolloutSpec
 
 
 class RunnerHarness:

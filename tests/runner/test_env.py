@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.core.contract import KeyRole, derive_key
 from agl_lite.runner.env import ContractEnv, process_env
 from agl_lite.store.records import Rollout
 

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from agl_lite.errors import ConfigError
-from agl_lite.runner.base import Launch, Outcome, RunnerSettings
 from agl_lite.runner.env import ContractEnv
 from agl_lite.runner.local import REDACTED, LocalBackend
 from agl_lite.runner.plan import resolve
+from agl_lite.runner.seams import Launch, Outcome, RunnerSettings
 from agl_lite.store.records import Attempt, AttemptStatus, Rollout, RolloutConfig, RolloutStatus
 from tests.conftest import ADMIN_KEY
 from tests.runner.probe import Probe, exited, marked_pids, running_probe

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from agl_lite.runner.base import RunnerSettings
 from agl_lite.runner.plan import PlanError, resolve
+from agl_lite.runner.seams import RunnerSettings
 from agl_lite.store.records import Rollout, RolloutConfig
 
 SETTINGS = RunnerSettings(

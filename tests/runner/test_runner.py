@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from agl_lite.runner.base import Launch, Outcome, RunnerSettings, RunnerStore
 from agl_lite.runner.env import ContractEnv
 from agl_lite.runner.runner import Runner
-from agl_lite.store.base import RolloutSpec, Store
+from agl_lite.runner.seams import Launch, Outcome, RunnerSettings, RunnerStore
 from agl_lite.store.memory import MemoryStore
 from agl_lite.store.records import Attempt, AttemptStatus, Rollout, RolloutConfig, RolloutStatus
+from agl_lite.store.rules import RolloutSpec, Store
 from tests.conftest import ADMIN_KEY
 
 OK = Outcome(AttemptStatus.SUCCEEDED, 0, "ok")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agl_lite.store.base import Store
 from agl_lite.store.memory import MemoryStore
+from agl_lite.store.rules import Store
 from agl_lite.store.sqlite import SQLiteStore
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from agl_lite.errors import BadRequest, NotFound
-from agl_lite.store.base import EventSpec, RolloutSpec, Store
 from agl_lite.store.records import CallOutcome, ChoiceRecord, LLMCall, RolloutConfig
+from agl_lite.store.rules import EventSpec, RolloutSpec, Store
 from agl_lite.store.triplets import AttemptScope, RewardPolicy, TripletOptions, rollout_triplets
 
 

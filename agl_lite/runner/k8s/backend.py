@@ -21,7 +21,6 @@ from kubernetes.aio.client import ApiClient
 from agl_lite.client.errors import ConnectionFailed, RequestTimeout
 from agl_lite.core.tasks import TaskSet
 from agl_lite.errors import ConfigError, HttpError, ServiceUnavailable, TooManyRequests
-from agl_lite.runner.base import Launch, Outcome, RunnerSettings, RunnerStore
 from agl_lite.runner.k8s.cache import Cache
 from agl_lite.runner.k8s.cleanup import JobJanitor
 from agl_lite.runner.k8s.follow import VANISHED, Follow, refused
@@ -32,6 +31,7 @@ from agl_lite.runner.k8s.names import MANAGED_SELECTOR, job_name
 from agl_lite.runner.k8s.options import K8sOptions, parse_k8s_options
 from agl_lite.runner.k8s.ratelimit import TokenBucket
 from agl_lite.runner.k8s.views import JobView
+from agl_lite.runner.seams import Launch, Outcome, RunnerSettings, RunnerStore
 from agl_lite.store.records import Attempt, AttemptStatus, Rollout
 
 __all__ = ["K8sBackend"]

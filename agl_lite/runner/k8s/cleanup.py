@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 import structlog
 
 from agl_lite.errors import NotFound
-from agl_lite.runner.base import RunnerStore
 from agl_lite.runner.k8s.cache import Cache
 from agl_lite.runner.k8s.kube import KubeApi, KubeError
 from agl_lite.runner.k8s.names import ROLLOUT_LABEL, job_name, rollout_label_value
+from agl_lite.runner.seams import RunnerStore
 
 __all__ = ["JobJanitor"]
 

@@ -15,9 +15,9 @@ from enum import Enum
 import structlog
 
 from agl_lite.errors import Conflict, NotFound
-from agl_lite.runner.base import Launch, Outcome, RunnerStore
 from agl_lite.runner.k8s.cache import Cache
 from agl_lite.runner.k8s.views import PodView
+from agl_lite.runner.seams import Launch, Outcome, RunnerStore
 from agl_lite.store.records import AttemptStatus
 
 __all__ = ["VANISHED", "Follow", "refused"]

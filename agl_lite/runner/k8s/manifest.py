@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agl_lite.core.keys import KeyRole
-from agl_lite.runner.base import Plan
+from agl_lite.core.contract import KeyRole
 from agl_lite.runner.k8s.names import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -26,6 +25,7 @@ from agl_lite.runner.k8s.names import (
     rollout_label_value,
 )
 from agl_lite.runner.k8s.options import GraderTemplate, JobTemplate, K8sOptions, grader_template, job_template
+from agl_lite.runner.seams import Plan
 
 __all__ = [
     "AGENT_CONTAINER",

@@ -16,9 +16,9 @@ from typing import Any
 import orjson
 
 from agl_lite.store import codec
-from agl_lite.store.base import LLM_CALL_KIND, RolloutFilter, within_bytes
+from agl_lite.store.packed_ids import PrefixIndex, SeqRow, pack, resolve, unpack
 from agl_lite.store.records import Attempt, Event, LLMCall, ModelRecord, Resource, Rollout, RolloutStatus
-from agl_lite.store.tokens import PrefixIndex, SeqRow, pack, resolve, unpack
+from agl_lite.store.rules import LLM_CALL_KIND, RolloutFilter, within_bytes
 
 __all__ = ["NO_LOGPROBS", "SQLiteRepo", "connect", "dump_json", "load_json"]
 

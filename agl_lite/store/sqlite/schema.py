@@ -14,8 +14,8 @@ import structlog
 
 from agl_lite.errors import ConfigError
 from agl_lite.store import codec
+from agl_lite.store.packed_ids import PrefixIndex, SeqRow, resolve, unpack
 from agl_lite.store.sqlite.repo import SQLiteRepo, load_json
-from agl_lite.store.tokens import PrefixIndex, SeqRow, resolve, unpack
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate"]
 

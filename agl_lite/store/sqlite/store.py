@@ -22,10 +22,10 @@ from typing import Any, Literal, TypeVar
 import structlog
 
 from agl_lite.errors import ConfigError, HttpError, InsufficientStorage, InternalError, ServiceUnavailable
-from agl_lite.store.base import Store
+from agl_lite.store.packed_ids import PrefixIndex
+from agl_lite.store.rules import Store
 from agl_lite.store.sqlite.repo import SQLiteRepo, connect
 from agl_lite.store.sqlite.schema import migrate
-from agl_lite.store.tokens import PrefixIndex
 
 __all__ = ["SQLiteStore", "commit_error"]
 

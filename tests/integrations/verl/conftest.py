@@ -14,8 +14,8 @@ from typing import Any
 import openai
 import pytest
 
+from agl_lite.addons import DEFAULT_CHAIN
 from agl_lite.client import AglLiteClient, ClientError
-from agl_lite.core.config import DEFAULT_CHAIN
 from agl_lite.core.server import Gateway
 from agl_lite.store.records import AttemptStatus, Rollout, RolloutStatus
 from agl_lite.testing import MockVLLM, Scenario, running_mock

@@ -12,8 +12,8 @@ import pytest
 
 from agl_lite.client import AglLiteClient
 from agl_lite.integrations.verl.daemon import AglLiteDaemon, DaemonConfig, Sample
-from agl_lite.store.base import EventSpec
 from agl_lite.store.records import CallOutcome, ChoiceRecord, LLMCall, RolloutStatus
+from agl_lite.store.rules import EventSpec
 from agl_lite.store.triplets import RolloutTriplets
 from agl_lite.testing.mock_vllm.tokenizer import EOS_ID, FakeTokenizer
 from tests.client.conftest import FAST, store_of

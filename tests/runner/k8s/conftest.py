@@ -20,8 +20,8 @@ from agl_lite.client import AglLiteClient
 from agl_lite.core.server import Gateway
 from agl_lite.runner.k8s import K8sBackend
 from agl_lite.service import running_gateway
-from agl_lite.store.base import RolloutSpec
 from agl_lite.store.records import RolloutConfig
+from agl_lite.store.rules import RolloutSpec
 from agl_lite.testing import MockVLLM, running_mock
 from agl_lite.testing.gateway import write_config
 from tests.conftest import ADMIN_KEY, gateway_url

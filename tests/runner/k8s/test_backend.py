@@ -15,11 +15,11 @@ import pytest
 import yaml
 from kubernetes.aio.client import ApiClient, BatchV1Api
 
-from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.core.contract import KeyRole, derive_key
 from agl_lite.runner.k8s import backend as backend_module
 from agl_lite.runner.k8s.names import job_name
-from agl_lite.store.base import RolloutSpec
 from agl_lite.store.records import AttemptStatus, RolloutConfig, RolloutStatus
+from agl_lite.store.rules import RolloutSpec
 from tests.conftest import ADMIN_KEY
 from tests.runner.agents import GRADED_AGENT, GRADER, SH_AGENT
 from tests.runner.k8s.conftest import NAMESPACE, PodSpy, k8s_spec

@@ -19,9 +19,9 @@ from agl_lite.runner.k8s.kube import KubeApi, load_configuration
 from agl_lite.runner.k8s.manifest import INSTANCE_LABEL
 from agl_lite.runner.k8s.names import MANAGED_SELECTOR, job_name
 from agl_lite.runner.k8s.ratelimit import TokenBucket
-from agl_lite.store.base import RolloutSpec
 from agl_lite.store.memory import MemoryStore
 from agl_lite.store.records import RolloutStatus
+from agl_lite.store.rules import RolloutSpec
 from tests.runner.k8s.conftest import NAMESPACE, write_kubeconfig
 
 SELECTOR = f"{MANAGED_SELECTOR},{INSTANCE_LABEL}=agl-lite"

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from agl_lite.runner.base import Launch, RunnerSettings
 from agl_lite.runner.k8s.cache import Cache
 from agl_lite.runner.k8s.follow import VANISHED, Follow
 from agl_lite.runner.plan import resolve
-from agl_lite.store.base import RolloutSpec
+from agl_lite.runner.seams import Launch, RunnerSettings
 from agl_lite.store.memory import MemoryStore
 from agl_lite.store.records import AttemptStatus, RolloutConfig
+from agl_lite.store.rules import RolloutSpec
 
 JOB = "agl-ro-1"
 

@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 
-from agl_lite.core.keys import KeyRole, derive_key
+from agl_lite.core.contract import KeyRole, agent_env, derive_key, grader_env
 from agl_lite.runner.k8s.manifest import LaunchSpec, build_job, build_secret, launch_spec
 from agl_lite.runner.k8s.options import GraderTemplate, grader_template, parse_k8s_options
-from agl_lite.store.api import agent_env, grader_env
 from agl_lite.store.records import Rollout, RolloutConfig
 
 ADMIN = "admin-key-for-manifest-tests"
@@ -240,8 +239,8 @@ def test_a_relaunch_uses_the_attempts_left() -> None:
 
 
 def plan_for(runner: dict[str, Any], *, settings_command: tuple[str, ...] = (), grader: Any = None) -> Any:
-    from agl_lite.runner.base import RunnerSettings
     from agl_lite.runner.plan import resolve
+    from agl_lite.runner.seams import RunnerSettings
 
     rollout = Rollout("ro-1", {"q": 1}, config=RolloutConfig(runner=runner, grader=grader, timeout_s=10))
     return resolve(RunnerSettings("k8s", PUBLIC, command=settings_command, grader_timeout_s=5), rollout)

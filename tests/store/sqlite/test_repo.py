@@ -6,7 +6,7 @@ import random
 from array import array
 from pathlib import Path
 
-from agl_lite.store.base import EventSpec, RolloutSpec
+from agl_lite.store.rules import EventSpec, RolloutSpec
 from agl_lite.store.sqlite import SQLiteStore
 from tests.store.sqlite.conftest import TurnCall
 

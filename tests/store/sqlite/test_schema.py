@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from agl_lite.errors import ConfigError
-from agl_lite.store.base import EventSpec, RolloutSpec
+from agl_lite.store.rules import EventSpec, RolloutSpec
 from agl_lite.store.sqlite import SCHEMA_VERSION, SQLiteStore
 from agl_lite.store.sqlite import repo as repo_module
 from agl_lite.store.sqlite import schema as schema_module
@@ -41,8 +41,8 @@ async def test_a_v1_store_is_migrated_with_its_calls(tmp_path: Path, turn_call: 
     the way v1 wrote it: turn 1's prompt, prompt + completion, then turn 2's prompt extending it, and its
     completion) opens with every call's ids and logprobs intact."""
     from agl_lite.store.codec import call_to_json
+    from agl_lite.store.packed_ids import pack
     from agl_lite.store.sqlite import MIGRATIONS
-    from agl_lite.store.tokens import pack
 
     db = tmp_path / "v1.db"
     prompt1, completion1 = list(range(100, 120)), [1, 2, 3]
@@ -88,8 +88,8 @@ async def test_a_v3_stores_call_events_read_on_in_one_sequence(
     """v3 kept a call's `llm_call` event as an `events` row; v4 keeps it in the call's row. A v3 file (its rows
     written here as v3 wrote them) reads as before, and the sequence goes on after its events."""
     from agl_lite.store.codec import call_to_json
+    from agl_lite.store.packed_ids import pack
     from agl_lite.store.records import Event
-    from agl_lite.store.tokens import pack
 
     db = tmp_path / "v3.db"
     with monkeypatch.context() as m:

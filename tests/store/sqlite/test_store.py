@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from agl_lite.errors import Conflict
-from agl_lite.store.base import EventSpec, RolloutSpec
 from agl_lite.store.records import RolloutStatus
+from agl_lite.store.rules import EventSpec, RolloutSpec
 from agl_lite.store.sqlite import SQLiteStore
 from agl_lite.store.sqlite import store as store_module
 
@@ -68,7 +68,7 @@ async def test_a_rejected_operation_does_not_spoil_its_batch(tmp_path: Path) -> 
 WRITER = """
 import asyncio, sys
 from agl_lite.core.logs import configure_logging
-from agl_lite.store.base import EventSpec, RolloutSpec
+from agl_lite.store.rules import EventSpec, RolloutSpec
 from agl_lite.store.sqlite import SQLiteStore
 
 async def main():

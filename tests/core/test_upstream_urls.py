@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agl_lite.core.endpoints import endpoint_problem
+from agl_lite.core.upstream_urls import endpoint_problem
 
 
 @pytest.mark.parametrize(

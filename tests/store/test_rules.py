@@ -8,7 +8,6 @@ from array import array
 import pytest
 
 from agl_lite.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, QuotaExceeded
-from agl_lite.store.base import EventSpec, RolloutFilter, RolloutSpec, Store
 from agl_lite.store.memory import MemoryRepo
 from agl_lite.store.records import (
     AttemptStatus,
@@ -18,6 +17,7 @@ from agl_lite.store.records import (
     RolloutConfig,
     RolloutStatus,
 )
+from agl_lite.store.rules import EventSpec, RolloutFilter, RolloutSpec, Store
 from agl_lite.store.sqlite import SQLiteRepo, SQLiteStore
 
 

@@ -46,7 +46,7 @@ __all__ = [
 
 
 class RunnerStore(Protocol):
-    """What a runner needs from the store: methods of `agl_lite.store.base.Store` with its signatures, so the
+    """What a runner needs from the store: methods of `agl_lite.store.rules.Store` with its signatures, so the
     in-process store and `agl_lite.client.AglLiteClient` (the same interface over HTTP) both are one.
 
     Errors are the store's (`agl_lite.errors.Conflict`, `NotFound`...); the client's errors subclass them.

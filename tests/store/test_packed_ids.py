@@ -5,7 +5,15 @@ from array import array
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agl_lite.store.tokens import MIN_SHARED, PrefixIndex, SeqRow, common_prefix_len, pack, resolve, unpack
+from agl_lite.store.packed_ids import (
+    MIN_SHARED,
+    PrefixIndex,
+    SeqRow,
+    common_prefix_len,
+    pack,
+    resolve,
+    unpack,
+)
 
 ids = st.lists(st.integers(min_value=0, max_value=2**32 - 1), max_size=300)
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from agl_lite.core.keys import KeyRole, Principal, derive_key, identify
+from agl_lite.core.contract import KeyRole, Principal, derive_key, identify
 
 ADMIN = "admin-secret-0123456789"
 

@@ -9,9 +9,9 @@ import typing
 import pytest
 
 from agl_lite.client import AglLiteClient
-from agl_lite.runner.base import EnqueueSignal, RunnerStore
-from agl_lite.store.base import RolloutSpec, Store
+from agl_lite.runner.seams import EnqueueSignal, RunnerStore
 from agl_lite.store.memory import MemoryStore
+from agl_lite.store.rules import RolloutSpec, Store
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 
 PROTOCOL_METHODS = sorted(
