@@ -1,41 +1,55 @@
 """SyncAglLiteClient: the async client run on a private event loop in a daemon thread, for scripts and notebooks
 (works whether or not the calling thread already runs a loop). Same methods, blocking; iterators are plain ones.
+
+Each method is the async client's own, wrapped (`_blocking`, `_iterating`): the same signature and docstring, so
+the twin cannot drift from it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import aiohttp
 
-from agl_lite.client.client import DEFAULT_TRIPLETS, FIRST_PAGE, AglLiteClient
-from agl_lite.client.completions import Progress
-from agl_lite.client.results import AttemptEnv, GatewayState, StartedAttempt, WaitResult
+from agl_lite.client.client import AglLiteClient
+from agl_lite.client.results import GatewayState
 from agl_lite.client.retry import RetryPolicy
 from agl_lite.client.settings import Timeouts
-from agl_lite.client.triplets import DEFAULT_PAGE_BYTES
-from agl_lite.store.records import (
-    Attempt,
-    AttemptStatus,
-    Event,
-    LLMCall,
-    ModelRecord,
-    Resource,
-    Rollout,
-    RolloutConfig,
-    RolloutStatus,
-)
-from agl_lite.store.rules import EventSpec, RolloutFilter, RolloutSpec
-from agl_lite.store.triplets import RolloutTriplets, TripletOptions
 
 __all__ = ["SyncAglLiteClient"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def _blocking(
+    method: Callable[Concatenate[AglLiteClient, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[SyncAglLiteClient, P], T]:
+    """The async client's `method`, run to its end on the sync client's loop."""
+
+    def blocking(self: SyncAglLiteClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._run(method(self.aio, *args, **kwargs))
+
+    functools.update_wrapper(blocking, method)  # its name, docstring and signature (help(), IDEs)
+    return blocking
+
+
+def _iterating(
+    method: Callable[Concatenate[AglLiteClient, P], AsyncIterator[T]],
+) -> Callable[Concatenate[SyncAglLiteClient, P], Iterator[T]]:
+    """The async client's iterator `method`, as a plain iterator whose items the sync client's loop fetches."""
+
+    def iterating(self: SyncAglLiteClient, /, *args: P.args, **kwargs: P.kwargs) -> Iterator[T]:
+        return self._iterate(method(self.aio, *args, **kwargs))
+
+    functools.update_wrapper(iterating, method)
+    return iterating
 
 
 class SyncAglLiteClient:
@@ -97,228 +111,55 @@ class SyncAglLiteClient:
     def url(self) -> str:
         return self.aio.url
 
-    # --- rollouts ------------------------------------------------------------------------------------------------
+    # --- rollouts (`wait` calls its `progress(done, total)` on the client's own thread) ------------------------
 
-    def enqueue(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
-        return self._run(self.aio.enqueue(specs))
-
-    def enqueue_group(
-        self,
-        inputs: Sequence[Any],
-        *,
-        n: int = 1,
-        mode: str = "train",
-        config: RolloutConfig | None = None,
-        metadata: dict[str, Any] | None = None,
-        metadata_per_input: Sequence[dict[str, Any]] | None = None,
-        group_ids: Sequence[str] | None = None,
-        resources_version: int | None = None,
-    ) -> list[list[Rollout]]:
-        return self._run(
-            self.aio.enqueue_group(
-                inputs,
-                n=n,
-                mode=mode,
-                config=config,
-                metadata=metadata,
-                metadata_per_input=metadata_per_input,
-                group_ids=group_ids,
-                resources_version=resources_version,
-            )
-        )
-
-    def get_rollout(self, rollout_id: str) -> Rollout:
-        return self._run(self.aio.get_rollout(rollout_id))
-
-    def get_rollout_with_attempts(self, rollout_id: str) -> tuple[Rollout, list[Attempt]]:
-        return self._run(self.aio.get_rollout_with_attempts(rollout_id))
-
-    def list_rollouts(self, flt: RolloutFilter = FIRST_PAGE) -> list[Rollout]:
-        return self._run(self.aio.list_rollouts(flt))
-
-    def iter_rollouts(
-        self,
-        *,
-        status: RolloutStatus | None = None,
-        mode: str | None = None,
-        group_id: str | None = None,
-        after: int = 0,
-        page_size: int = 100,
-    ) -> Iterator[Rollout]:
-        return self._iterate(
-            self.aio.iter_rollouts(
-                status=status, mode=mode, group_id=group_id, after=after, page_size=page_size
-            )
-        )
-
-    def cancel(self, rollout_id: str, message: str | None = None) -> Rollout:
-        return self._run(self.aio.cancel(rollout_id, message))
-
-    def finish(self, rollout_id: str, status: RolloutStatus, message: str | None = None) -> Rollout:
-        return self._run(self.aio.finish(rollout_id, status, message))
-
-    def completed(self, after: int, limit: int = 100, wait: float = 0.0) -> tuple[list[Rollout], int]:
-        return self._run(self.aio.completed(after, limit, wait))
-
-    def completions(self, after: int = 0, *, page_size: int = 100, poll_s: float = 30.0) -> Iterator[Rollout]:
-        return self._iterate(self.aio.completions(after, page_size=page_size, poll_s=poll_s))
-
-    def wait(
-        self,
-        ids: Sequence[str],
-        timeout: float | None = None,
-        *,
-        after: int = 0,
-        page_size: int = 100,
-        poll_s: float = 30.0,
-        progress: Progress | None = None,
-    ) -> WaitResult:
-        """`progress(done, total)` is called on the client's own thread."""
-        return self._run(
-            self.aio.wait(ids, timeout, after=after, page_size=page_size, poll_s=poll_s, progress=progress)
-        )
+    enqueue = _blocking(AglLiteClient.enqueue)
+    enqueue_group = _blocking(AglLiteClient.enqueue_group)
+    get_rollout = _blocking(AglLiteClient.get_rollout)
+    get_rollout_with_attempts = _blocking(AglLiteClient.get_rollout_with_attempts)
+    list_rollouts = _blocking(AglLiteClient.list_rollouts)
+    iter_rollouts = _iterating(AglLiteClient.iter_rollouts)
+    cancel = _blocking(AglLiteClient.cancel)
+    finish = _blocking(AglLiteClient.finish)
+    completed = _blocking(AglLiteClient.completed)
+    completions = _iterating(AglLiteClient.completions)
+    wait = _blocking(AglLiteClient.wait)
 
     # --- the runner protocol -------------------------------------------------------------------------------------
 
-    def claim(self, runner_id: str, limit: int) -> list[Rollout]:
-        return self._run(self.aio.claim(runner_id, limit))
-
-    def running(self) -> list[tuple[Rollout, list[Attempt]]]:
-        return self._run(self.aio.running())
-
-    def start_attempt(self, rollout_id: str, attempt_id: str | None = None) -> StartedAttempt:
-        return self._run(self.aio.start_attempt(rollout_id, attempt_id))
-
-    def attempt_env_template(self, rollout_id: str) -> AttemptEnv:
-        return self._run(self.aio.attempt_env_template(rollout_id))
-
-    def update_attempt(
-        self,
-        rollout_id: str,
-        attempt_id: str,
-        status: AttemptStatus,
-        *,
-        exit_code: int | None = None,
-        message: str | None = None,
-    ) -> Attempt:
-        return self._run(
-            self.aio.update_attempt(rollout_id, attempt_id, status, exit_code=exit_code, message=message)
-        )
-
-    def attempts(self, rollout_id: str) -> list[Attempt]:
-        return self._run(self.aio.attempts(rollout_id))
+    claim = _blocking(AglLiteClient.claim)
+    running = _blocking(AglLiteClient.running)
+    start_attempt = _blocking(AglLiteClient.start_attempt)
+    attempt_env_template = _blocking(AglLiteClient.attempt_env_template)
+    update_attempt = _blocking(AglLiteClient.update_attempt)
+    attempts = _blocking(AglLiteClient.attempts)
 
     # --- events, rewards and calls -------------------------------------------------------------------------------
 
-    def add_events(
-        self, rollout_id: str, specs: Sequence[EventSpec], *, source: str = "admin"
-    ) -> list[Event]:
-        return self._run(self.aio.add_events(rollout_id, specs, source=source))
-
-    def reward(
-        self,
-        rollout_id: str,
-        value: float,
-        response_id: str | None = None,
-        choice: int | None = None,
-        *,
-        attempt_id: str | None = None,
-    ) -> Event:
-        return self._run(self.aio.reward(rollout_id, value, response_id, choice, attempt_id=attempt_id))
-
-    def events(
-        self,
-        rollout_id: str,
-        kind: str | None = None,
-        after_seq: int = 0,
-        limit: int = 1000,
-        *,
-        max_bytes: int | None = None,
-    ) -> list[Event]:
-        return self._run(self.aio.events(rollout_id, kind, after_seq, limit, max_bytes=max_bytes))
-
-    def follow_events(
-        self, rollout_id: str, *, kind: str | None = None, after_seq: int = 0, poll_s: float = 1.0
-    ) -> Iterator[Event]:
-        return self._iterate(
-            self.aio.follow_events(rollout_id, kind=kind, after_seq=after_seq, poll_s=poll_s)
-        )
-
-    def calls(
-        self,
-        rollout_id: str | None,
-        attempt_id: str | None = None,
-        after_order_key: int = -1,
-        limit: int = 1000,
-        *,
-        max_bytes: int | None = None,
-        label: tuple[str, str] | None = None,
-    ) -> list[LLMCall]:
-        return self._run(
-            self.aio.calls(rollout_id, attempt_id, after_order_key, limit, max_bytes=max_bytes, label=label)
-        )
-
-    def iter_calls(
-        self,
-        rollout_id: str,
-        *,
-        attempt_id: str | None = None,
-        page_size: int = 100,
-        label: tuple[str, str] | None = None,
-    ) -> Iterator[LLMCall]:
-        return self._iterate(
-            self.aio.iter_calls(rollout_id, attempt_id=attempt_id, page_size=page_size, label=label)
-        )
-
-    def triplets(self, rollout_id: str, options: TripletOptions = DEFAULT_TRIPLETS) -> RolloutTriplets:
-        return self._run(self.aio.triplets(rollout_id, options))
-
-    def iter_triplets(
-        self,
-        rollout_ids: Sequence[str],
-        options: TripletOptions = DEFAULT_TRIPLETS,
-        *,
-        max_bytes: int = DEFAULT_PAGE_BYTES,
-    ) -> Iterator[RolloutTriplets]:
-        return self._iterate(self.aio.iter_triplets(rollout_ids, options, max_bytes=max_bytes))
+    add_events = _blocking(AglLiteClient.add_events)
+    reward = _blocking(AglLiteClient.reward)
+    events = _blocking(AglLiteClient.events)
+    follow_events = _iterating(AglLiteClient.follow_events)
+    calls = _blocking(AglLiteClient.calls)
+    iter_calls = _iterating(AglLiteClient.iter_calls)
+    triplets = _blocking(AglLiteClient.triplets)
+    iter_triplets = _iterating(AglLiteClient.iter_triplets)
 
     # --- resources and models ------------------------------------------------------------------------------------
 
-    def put_resource(self, name: str, value: Any) -> Resource:
-        return self._run(self.aio.put_resource(name, value))
-
-    def get_resource(self, name: str, version: int | None = None) -> Resource:
-        return self._run(self.aio.get_resource(name, version))
-
-    def latest_resources(self) -> list[Resource]:
-        return self._run(self.aio.latest_resources())
-
-    def put_model(
-        self, name: str, endpoints: list[str], version: str, served_model: str | None = None
-    ) -> ModelRecord:
-        return self._run(self.aio.put_model(name, endpoints, version, served_model))
-
-    def remove_model(self, name: str) -> ModelRecord:
-        return self._run(self.aio.remove_model(name))
-
-    def models(self) -> list[ModelRecord]:
-        return self._run(self.aio.models())
+    put_resource = _blocking(AglLiteClient.put_resource)
+    get_resource = _blocking(AglLiteClient.get_resource)
+    latest_resources = _blocking(AglLiteClient.latest_resources)
+    put_model = _blocking(AglLiteClient.put_model)
+    remove_model = _blocking(AglLiteClient.remove_model)
+    models = _blocking(AglLiteClient.models)
 
     # --- the gateway ---------------------------------------------------------------------------------------------
 
-    def health(self) -> dict[str, Any]:
-        return self._run(self.aio.health())
-
-    def pause(
-        self, mode: Literal["hold", "reject"] = "hold", hold_timeout_s: float | None = None
-    ) -> GatewayState:
-        return self._run(self.aio.pause(mode, hold_timeout_s))
-
-    def resume(self) -> GatewayState:
-        return self._run(self.aio.resume())
-
-    def gateway_state(self, wait_drained: float | None = None) -> GatewayState:
-        return self._run(self.aio.gateway_state(wait_drained))
+    health = _blocking(AglLiteClient.health)
+    pause = _blocking(AglLiteClient.pause)
+    resume = _blocking(AglLiteClient.resume)
+    gateway_state = _blocking(AglLiteClient.gateway_state)
 
     @contextmanager
     def paused(

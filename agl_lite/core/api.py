@@ -136,7 +136,7 @@ class _Endpoint:
 class Endpoints:
     """An addon's endpoints, in declaration order."""
 
-    _by_route: dict[HttpRoute, _Endpoint] = field(default_factory=dict)
+    _by_route: dict[int, _Endpoint] = field(default_factory=dict)  # by id(): the table keeps its routes
     _routes: list[HttpRoute] = field(default_factory=list)
 
     def endpoint(
@@ -170,7 +170,7 @@ class Endpoints:
                 media=media,
             )
             self._routes.append(route)
-            self._by_route[route] = _Endpoint(route, handler, empty_body)
+            self._by_route[id(route)] = _Endpoint(route, handler, empty_body)
             return handler
 
         return register
@@ -180,13 +180,13 @@ class Endpoints:
         return tuple(self._routes)
 
     def __contains__(self, route: HttpRoute) -> bool:
-        return route in self._by_route
+        return id(route) in self._by_route
 
     async def dispatch(self, addon: Any, flow: Flow) -> bool:
         """Answer `flow` when its route is one of these endpoints (its parameters, then its body, checked first);
         False when it is not."""
-        endpoint = self._by_route.get(flow.route)
-        if endpoint is None:
+        endpoint = self._by_route.get(id(flow.route))
+        if endpoint is None:  # (not ours: another addon's route, or an LLM call)
             return False
         route = endpoint.route
         query = _parse_query(route.query, flow.request.query_string)

@@ -68,3 +68,16 @@ def test_a_closed_client_says_so(background_gateway: BackgroundGateway) -> None:
     c.close()
     with pytest.raises(RuntimeError, match="closed"):
         c.models()
+
+
+def test_the_twin_has_every_method_of_the_async_client_with_its_signature() -> None:
+    """Each blocking method is the async client's own, wrapped: a method added there and forgotten here fails."""
+    import inspect
+
+    from agl_lite.client.client import AglLiteClient
+
+    public = {n for n, v in vars(AglLiteClient).items() if not n.startswith("_") and inspect.isfunction(v)}
+    assert public - {"close", "paused"} <= set(vars(SyncAglLiteClient))
+    for name in public - {"close", "paused"}:
+        twin = inspect.signature(getattr(SyncAglLiteClient, name))
+        assert twin == inspect.signature(getattr(AglLiteClient, name)), name
