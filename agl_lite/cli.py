@@ -73,7 +73,7 @@ def check_config(config: Annotated[Path, typer.Argument(help="The agl-lite.toml 
         return
     typer.echo(f"{config}: ok")
     typer.echo(f"  listen  {cfg.server.host}:{cfg.server.port}  (agents use {cfg.public_url})")
-    typer.echo(f"  chain   {' -> '.join(cfg.chain)}")
+    typer.echo(f"  chain   {' -> '.join(cfg.full_chain)}")
     typer.echo(f"  routes  {len(gateway.table.routes)} HTTP routes")
 
 

@@ -38,8 +38,9 @@ def build_gateway(config: GatewayConfig, extra_addons: Sequence[Any] = ()) -> Ga
     options: the config's `[addons."module:Class"]` when it has one, else the `options` it was built with, else
     its defaults (`core.addons.instance_entry`).
     """
+    config = config.with_chain(DEFAULT_CHAIN)  # (a config built in code names no chain: the default one)
     chain = load_chain(config, ADDONS)
-    extra = [instance_entry(addon, config, builtins=ADDONS) for addon in extra_addons]
+    extra = [instance_entry(addon, config) for addon in extra_addons]
     at = extra_position([item.name for item in chain])
     return Gateway(config, AddonManager([*chain[:at], *extra, *chain[at:]]))
 

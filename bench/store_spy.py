@@ -41,7 +41,7 @@ COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("SQLite writer: SQL statements, commit", ("_write_loop",)),
     ("SQLite readers (thread pool)", ("_run_read",)),
     ("responses to JSON on the loop (to_json/asdict)", ("to_json", "asdict")),
-    ("request validation (pydantic)", ("model_validate", "parse (agl_lite/store/api.py")),
+    ("request validation (pydantic)", ("model_validate", "parse_body (agl_lite/core/api.py")),
     ("memory backend copies", ("agl_lite/store/memory.py",)),
     (
         "capture, tokens, sink",

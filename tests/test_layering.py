@@ -107,3 +107,11 @@ def test_no_module_imports_itself_round_about_but_the_listed_ones() -> None:
         if module not in index:
             visit(module)
     assert circles == KNOWN_CIRCLES
+
+
+def test_the_product_never_imports_its_test_doubles_distribution() -> None:
+    """The fake Kubernetes cluster is a dev-only distribution (fake-k8s/): nothing in agl_lite may need it."""
+    offenders = [
+        str(p.relative_to(ROOT)) for p in (ROOT / "agl_lite").rglob("*.py") if "agl_fake_k8s" in p.read_text()
+    ]
+    assert offenders == []

@@ -49,6 +49,9 @@ class Anthropic:
     message the client received) and `anthropic.translator` (its own). Reads `route.requested_model`, the targets
     route planned in `flow.upstreams`, and the `models` route's answer (reshaped for Anthropic clients)."""
 
+    short_name = "anthropic"
+    """Its name in a chain, and what other addons' `after` call it."""
+
     routes = (
         *model_api_routes(
             "messages",

@@ -40,6 +40,9 @@ def presented_key(flow: Flow) -> str | None:
 
 
 class Auth:
+    short_name = "auth"
+    """Its name in a chain, and what other addons' `after` call it."""
+
     @dataclass(frozen=True, slots=True)
     class Options:
         key_env: str = option(

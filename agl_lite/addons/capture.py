@@ -29,6 +29,9 @@ class Capture:
     `route.model_version`, and `capture.client_view` (left by a translating addon such as anthropic).
     """
 
+    short_name = "capture"
+    """Its name in a chain, and what other addons' `after` call it."""
+
     after = {
         "route": "capture reads route.backend in request, to know what to ask vLLM for",
         "anthropic": "capture records the chat request anthropic translates, and the client view it leaves",

@@ -50,6 +50,8 @@ class PauseIn(BaseModel):
 
 
 class Control:
+    short_name = "control"
+    """Its name in a chain, and what other addons' `after` call it."""
     table = Endpoints()
 
     @dataclass(frozen=True, slots=True)

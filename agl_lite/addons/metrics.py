@@ -102,6 +102,8 @@ def _bounded(counts: dict[Any, Any], key: Any) -> Any:
 
 
 class Metrics:
+    short_name = "metrics"
+    """Its name in a chain, and what other addons' `after` call it."""
     # Public, as Prometheus scrapers expect: the route table is built before options are read, so the scope
     # cannot be an option yet. It shows counts, route and model names; never keys, rollout ids or bodies.
     routes = (

@@ -197,6 +197,8 @@ class _UpstreamGauges(Collector):
 
 
 class Router:
+    short_name = "route"
+    """Its name in a chain, and what other addons' `after` call it."""
     routes = (
         *model_api_routes(
             "chat_completions", "POST", "/v1/chat/completions", RouteKind.LLM, "OpenAI chat completions."

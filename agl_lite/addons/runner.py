@@ -36,6 +36,9 @@ MAX_TAIL_BYTES = 16384
 
 
 class AgentRunner:
+    short_name = "runner"
+    """Its name in a chain, and what other addons' `after` call it."""
+
     @dataclass(frozen=True, slots=True)
     class Options:
         backend: Literal["local", "k8s"] = option(

@@ -49,6 +49,8 @@ class _CommitLatency(Collector):
 
 
 class Sink:
+    short_name = "sink"
+    """Its name in a chain, and what other addons' `after` call it."""
     after = {"capture": "it commits the record capture builds in response_end"}
 
     @dataclass(frozen=True, slots=True)

@@ -19,6 +19,8 @@ __all__ = ["Storage"]
 
 
 class Storage:
+    short_name = "store"
+    """Its name in a chain, and what other addons' `after` call it."""
     provides = (STORE,)
     """Configured before every other addon, so that any of them finds the store in its own `configure`."""
 

@@ -42,6 +42,8 @@ _STATUSES = tuple(s.value for s in RolloutStatus)
 
 
 class StoreApi:
+    short_name = "store_api"
+    """Its name in a chain, and what other addons' `after` call it."""
     table = Endpoints()
 
     def load(self, ctx: LoadContext) -> None:

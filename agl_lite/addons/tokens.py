@@ -25,6 +25,9 @@ __all__ = ["Tokens"]
 
 
 class Tokens:
+    short_name = "tokens"
+    """Its name in a chain, and what other addons' `after` call it."""
+
     @dataclass(frozen=True, slots=True)
     class Options:
         max_rollouts: int = option(

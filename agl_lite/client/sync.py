@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
@@ -36,7 +37,7 @@ def _blocking(
     def blocking(self: SyncAglLiteClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return self._run(method(self.aio, *args, **kwargs))
 
-    functools.update_wrapper(blocking, method)  # its name, docstring and signature (help(), IDEs)
+    _named(blocking, method)
     return blocking
 
 
@@ -48,8 +49,21 @@ def _iterating(
     def iterating(self: SyncAglLiteClient, /, *args: P.args, **kwargs: P.kwargs) -> Iterator[T]:
         return self._iterate(method(self.aio, *args, **kwargs))
 
-    functools.update_wrapper(iterating, method)
+    _named(iterating, method)
+    iterating.__signature__ = inspect.signature(method).replace(return_annotation="Iterator")  # type: ignore[attr-defined]
+    iterating.__doc__ = (
+        f"A plain iterator (`for`, not `async for`) over what `AglLiteClient.{method.__name__}` yields. "
+        + (method.__doc__ or "")
+    )
     return iterating
+
+
+def _named(wrapper: Callable[..., Any], method: Callable[..., Any]) -> None:
+    """The wrapper as the twin's own method (`help()`, tracebacks): the async method's name, docstring and
+    parameters, under SyncAglLiteClient."""
+    functools.update_wrapper(wrapper, method, assigned=("__name__", "__doc__"), updated=())
+    wrapper.__qualname__ = f"SyncAglLiteClient.{method.__name__}"
+    wrapper.__signature__ = inspect.signature(method)  # type: ignore[attr-defined]
 
 
 class SyncAglLiteClient:

@@ -36,8 +36,6 @@ class LoadedAddon:
     """The chain entry (short name or import string)."""
     addon: Any
     options: Any = None
-    short: str = ""
-    """The short name of a built-in addon however the chain named it (`after` names those); else empty."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -57,15 +55,8 @@ def load_chain(config: GatewayConfig, builtins: Mapping[str, str]) -> list[Loade
             raise ConfigError(f"{config.source}: addon {spec!r} appears twice in addons.chain")
         seen.add(spec)
         cls = resolve_addon(spec, builtins)
-        options = parse_options(cls, config.addons.get(spec, {}), config, spec)
-        loaded.append(LoadedAddon(spec, cls(), options, short_name(cls, builtins)))
+        loaded.append(LoadedAddon(spec, cls(), parse_options(cls, config.addons.get(spec, {}), config, spec)))
     return loaded
-
-
-def short_name(cls: type, builtins: Mapping[str, str]) -> str:
-    """The short name `builtins` gives the addon class `cls`; empty for an addon of its own."""
-    target = f"{cls.__module__}:{cls.__qualname__}"
-    return next((short for short, t in builtins.items() if t == target), "")
 
 
 def parse_options(cls: type, table: Mapping[str, Any], config: GatewayConfig, name: str) -> Any:
@@ -81,12 +72,7 @@ def parse_options(cls: type, table: Mapping[str, Any], config: GatewayConfig, na
     return parse_dataclass(options_cls, table, file=config.source, where=f"addons.{name}")
 
 
-def instance_entry(
-    addon: Any,
-    config: GatewayConfig,
-    table: Mapping[str, Any] | None = None,
-    builtins: Mapping[str, str] | None = None,
-) -> LoadedAddon:
+def instance_entry(addon: Any, config: GatewayConfig, table: Mapping[str, Any] | None = None) -> LoadedAddon:
     """An addon instance as a chain entry (tests, `running_gateway(extra_addons=...)`), named by its import string.
     Its options: `table`, else the config's `[addons."module:Class"]`, parsed as for a chain entry; without either,
     the `options` it was built with (an instance of its `Options`), else its defaults."""
@@ -96,10 +82,9 @@ def instance_entry(
         table = config.addons.get(name)
     options_cls = getattr(cls, "Options", None)
     own = getattr(addon, "options", None)
-    short = short_name(cls, builtins or {})
     if table is None and options_cls is not None and isinstance(own, options_cls):
-        return LoadedAddon(name, addon, own, short)
-    return LoadedAddon(name, addon, parse_options(cls, table or {}, config, name), short)
+        return LoadedAddon(name, addon, own)
+    return LoadedAddon(name, addon, parse_options(cls, table or {}, config, name))
 
 
 def _config_files(config: GatewayConfig) -> set[Path]:
@@ -109,11 +94,18 @@ def _config_files(config: GatewayConfig) -> set[Path]:
     return {Path(os.path.realpath(p)) for p in (config.source, config.routes_path)}
 
 
+def _canonical(item: LoadedAddon) -> str:
+    """The name `after` knows an addon by, however the chain named it (short name, import string, instance): its
+    class's `short_name` (every built-in declares one), else its chain entry."""
+    short = getattr(type(item.addon), "short_name", None)
+    return short if isinstance(short, str) and short else item.name
+
+
 def check_order(addons: Sequence[LoadedAddon]) -> None:
     """Each addon's `after` (short name → why) names addons that, when in the chain, must come before it: their
     hooks set what it reads. A chain that breaks one is a ConfigError naming both (it would start, and silently
     skip a check or store nothing)."""
-    position = {item.short or item.name: i for i, item in enumerate(addons)}
+    position = {_canonical(item): i for i, item in enumerate(addons)}
     for i, item in enumerate(addons):
         for earlier, why in getattr(item.addon, "after", {}).items():
             j = position.get(earlier)
@@ -154,10 +146,11 @@ class AddonManager:
         out: list[HttpRoute] = []
         for item in self.addons:
             routes = tuple(getattr(item.addon, "routes", ()))
-            table = getattr(item.addon, "table", None)
-            if isinstance(table, Endpoints) and (
-                missing := [r.name for r in table.routes if r not in routes]
-            ):
+            tables = [
+                v for c in type(item.addon).__mro__ for v in vars(c).values() if isinstance(v, Endpoints)
+            ]
+            missing = [r.name for t in tables for r in t.routes if r not in routes]
+            if missing:
                 # `routes = table.routes` written above an endpoint's declaration: that endpoint would be a 404
                 raise ConfigError(
                     f"addon {item.name!r} declares endpoints {missing} that are not in its routes; set "

@@ -2,19 +2,23 @@
 parameters, its success status and media type, and its handler. The parsing, the 400s and the OpenAPI document
 (`store.openapi`) all come from that one declaration.
 
-An addon builds an `Endpoints` table with its decorator, serves `table.routes` as its `routes`, and answers with
-`await table.dispatch(self, flow)` in its `request` hook:
+An addon builds an `Endpoints` table with its decorator, serves `table.routes` as its `routes` (set after the last
+endpoint: the addon manager refuses an endpoint missing from them), and answers with `await
+table.dispatch(self, flow)` in its `request` hook:
 
     class Things:
-        api = Endpoints()
-        routes = api.routes
+        table = Endpoints()
 
-        @api.endpoint("things.add", "POST", "/api/things", Scope.ADMIN, "Add a thing.", body=ThingIn, status=201)
+        @table.endpoint("things.add", "POST", "/api/things", Scope.ADMIN, "Add one.", body=ThingIn, status=201)
         async def add(self, call: Call) -> Any:
             return {"thing": call.body.name}
 
+        routes = table.routes
+
         async def request(self, flow: Flow) -> None:
-            await self.api.dispatch(self, flow)
+            await self.table.dispatch(self, flow)
+
+A table belongs to the class that declares it (a subclass that adds endpoints declares a table of its own).
 
 Must not do I/O (the handlers do).
 """
@@ -78,25 +82,31 @@ class Param:
         if self.type == "string":
             if self.enum and raw not in self.enum:
                 raise BadRequest(
-                    f"query parameter {name!r} must be one of {', '.join(repr(e) for e in self.enum)}"
+                    f"query parameter {name!r} must be one of {', '.join(repr(e) for e in self.enum)}",
+                    param=name,
                 )
             if self.pattern and not re.match(self.pattern, raw):
-                raise BadRequest(f"query parameter {name!r} must match {self.pattern}")
+                raise BadRequest(f"query parameter {name!r} must match {self.pattern}", param=name)
             return raw
         integer = self.type == "integer"
         if not (_INTEGER if integer else _NUMBER).fullmatch(raw):
-            raise BadRequest(f"query parameter {name!r} must be {'an integer' if integer else 'a number'}")
+            raise BadRequest(
+                f"query parameter {name!r} must be {'an integer' if integer else 'a number'}", param=name
+            )
         value = int(raw) if integer else float(raw)
         if not math.isfinite(value):  # 1e999
-            raise BadRequest(f"query parameter {name!r} must be a finite number")
+            raise BadRequest(f"query parameter {name!r} must be a finite number", param=name)
         lo, hi = self.minimum, self.maximum
         if (lo is not None and value < lo) or (hi is not None and value > hi):
             lo_text = "" if lo is None else _number_text(lo)
             hi_text = "" if hi is None else _number_text(hi)
             if lo is not None and hi is not None:
-                raise BadRequest(f"query parameter {name!r} must be between {lo_text} and {hi_text}")
+                raise BadRequest(
+                    f"query parameter {name!r} must be between {lo_text} and {hi_text}", param=name
+                )
             raise BadRequest(
-                f"query parameter {name!r} must be {'>= ' + lo_text if lo is not None else '<= ' + hi_text}"
+                f"query parameter {name!r} must be {'>= ' + lo_text if lo is not None else '<= ' + hi_text}",
+                param=name,
             )
         return value
 
@@ -230,7 +240,11 @@ def parse_body(model: type[BaseModel], body: bytes) -> Any:
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
+        errors = exc.errors()
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()[:5]
+            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in errors[:5]
         )
+        first = ".".join(str(p) for p in errors[0]["loc"]) if errors else ""
+        if first:
+            raise BadRequest(f"invalid request: {problems}", param=first) from None
         raise BadRequest(f"invalid request: {problems}") from None

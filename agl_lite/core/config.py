@@ -110,8 +110,8 @@ class GatewayConfig:
     upstream: UpstreamConfig = option(UpstreamConfig(), "Forwarding to inference servers.")
     log: LogConfig = option(LogConfig(), "Logging.")
     routes: str = option("routes.toml", "Model routes file, relative to this config file.")
-    chain: tuple[str, ...] = option(
-        (),
+    chain: tuple[str, ...] | None = option(
+        None,
         "Addons in order: short names or `module:Class` strings; when the file names none, the default chain "
         "(`agl_lite.addons.DEFAULT_CHAIN`).",
         toml_key="addons.chain",
@@ -129,11 +129,25 @@ class GatewayConfig:
 
     @property
     def full_chain(self) -> tuple[str, ...]:
-        """`chain` with `extra` in its place: what the gateway loads."""
+        """`chain` with `extra` in its place: what the gateway loads (the default chain is the loader's to give:
+        `with_chain`)."""
+        chain = self.chain or ()
         if not self.extra:
-            return self.chain
-        at = extra_position(self.chain)
-        return (*self.chain[:at], *self.extra, *self.chain[at:])
+            return chain
+        at = extra_position(chain)
+        return (*chain[:at], *self.extra, *chain[at:])
+
+    def with_chain(self, default: Sequence[str]) -> GatewayConfig:
+        """This config, with `default` as its chain when it names none; its `[addons.NAME]` tables checked
+        against the chain."""
+        config = self if self.chain is not None else dataclasses.replace(self, chain=tuple(default))
+        unknown = set(config.addons) - set(config.full_chain)
+        if unknown:
+            raise ConfigError(
+                f"{config.source}: [addons.{sorted(unknown)[0]}] configures an addon that is not in addons.chain "
+                f"{list(config.full_chain)}"
+            )
+        return config
 
     @property
     def base_dir(self) -> Path:
@@ -167,9 +181,9 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{p}: cannot read: {exc.strerror}") from exc
 
 
-def load_config(path: str | Path, *, default_chain: Sequence[str] = ()) -> GatewayConfig:
+def load_config(path: str | Path, *, default_chain: Sequence[str] | None = None) -> GatewayConfig:
     """Load agl-lite.toml; the `[addons]` table holds `chain` (`default_chain` when it has none), `extra` and the
-    per-addon tables."""
+    per-addon tables, each checked against the chain (later, by `with_chain`, when there is none yet)."""
     data = load_toml(path)
     addons = data.pop("addons", {})
     if not isinstance(addons, dict):
@@ -178,20 +192,15 @@ def load_config(path: str | Path, *, default_chain: Sequence[str] = ()) -> Gatew
     for key in ("chain", "extra"):
         if key in addons:
             data[key] = addons.pop(key)
-    data.setdefault("chain", list(default_chain))
     for name, table in addons.items():
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: addons.{name} must be a table of options")
     data["addons"] = addons
     data["source"] = str(path)
     config = parse_dataclass(GatewayConfig, data, file=str(path))
-    unknown = set(config.addons) - set(config.full_chain)
-    if unknown:
-        name = sorted(unknown)[0]
-        raise ConfigError(
-            f"{path}: [addons.{name}] configures an addon that is not in addons.chain {list(config.full_chain)}"
-        )
-    return config
+    if config.chain is None and default_chain is None:
+        return config  # the builder gives the default chain, and checks the tables then
+    return config.with_chain(default_chain or ())
 
 
 # --- the converter -------------------------------------------------------------------------------------------------

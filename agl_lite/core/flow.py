@@ -120,19 +120,23 @@ class Request:
     body: bytes
     """The body as the client sent it (after its Content-Encoding was undone); set by the core only."""
     path_params: Mapping[str, str] = field(default_factory=dict)
-    _json: Any = None
-    _json_loaded: bool = False
-    _python_only: bool = (
-        False  # the JSON was read by the stdlib parser: write it back with the stdlib encoder
-    )
-    _base: bytes | None = None  # the bytes changes apply to: `body`, or a replacement's (`replace_json`)
-    _fields: dict[str, Any] | None = None  # top-level members set on top of `_base`
-    _new: bool = True  # ... none of them was in its object: they can be spliced into its bytes
-    _encoded: bytes | None = None  # what goes upstream, without any target's fields, once written
+    # What goes upstream, the request's own business (not constructor arguments):
+    # the JSON parsed once, and whether the stdlib parser read it (then the stdlib encoder writes it back);
+    _json: Any = field(default=None, init=False)
+    _json_loaded: bool = field(default=False, init=False)
+    _python_only: bool = field(default=False, init=False)
+    # the bytes changes apply to (`body`, or a replacement's), the members set on top of them, and whether none of
+    # those was in its object (then they are spliced into its bytes);
+    _base: bytes | None = field(default=None, init=False)
+    _fields: dict[str, Any] | None = field(default=None, init=False)
+    _new: bool = field(default=True, init=False)
+    # what goes upstream without any target's fields, once written.
+    _encoded: bytes | None = field(default=None, init=False)
 
     def json(self) -> Any:
-        """The JSON that goes upstream (the client's body as parsed once, with the changes addons made); invalid
-        JSON is a 400. Treat it as read-only: change it through `set_fields` or `replace_json`."""
+        """The client's body as parsed once, with the changes addons made (an upstream target's own fields, such
+        as its served model, are not in it); invalid JSON is a 400. Treat it as read-only: change it through
+        `set_fields` or `replace_json`."""
         if not self._json_loaded:
             if not self.body:
                 raise BadRequest("request body is empty; a JSON body is required")
@@ -153,6 +157,8 @@ class Request:
         obj = self.json_object()
         if self._new and (not obj or any(k in obj for k in fields)):
             self._new = False
+        if not self._python_only and jsoncodec.has_non_finite(fields):
+            self._python_only = True  # an addon's NaN goes upstream as NaN, as a client's does
         obj.update(fields)
         if self._fields is None:
             self._fields = {}

@@ -16,13 +16,23 @@ that the upstream reads the values the client sent. Must not do I/O.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import orjson
 
 from agl_lite.errors import BadRequest
 
-__all__ = ["MAX_JSON_DEPTH", "check_json_depth", "dumps", "loads", "loads_storable", "parse", "with_members"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "check_json_depth",
+    "dumps",
+    "has_non_finite",
+    "loads",
+    "loads_storable",
+    "parse",
+    "with_members",
+]
 
 MAX_JSON_DEPTH = 128
 """Most nested arrays/objects a request body may hold (the store wraps bodies in a few levels of its own)."""
@@ -73,11 +83,20 @@ def dumps(obj: Any, *, python_only: bool = False) -> bytes:
     if not python_only:
         try:
             return orjson.dumps(obj)
-        except (
-            TypeError
-        ):  # (orjson.JSONEncodeError is one) a value built by an addon that only Python can write
+        except TypeError:  # (orjson.JSONEncodeError is one) what only Python writes: big integers, surrogates
             pass
     return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def has_non_finite(value: Any) -> bool:
+    """Whether `value` holds a NaN or an infinity, which orjson writes as `null` (so `dumps` must be told)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(has_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(has_non_finite(v) for v in value)
+    return False
 
 
 def with_members(raw: bytes, members: dict[str, Any], *, python_only: bool = False) -> bytes | None:
@@ -87,6 +106,8 @@ def with_members(raw: bytes, members: dict[str, Any], *, python_only: bool = Fal
     raw = raw.rstrip()
     if not raw.endswith(b"}"):
         return None
+    if python_only and json.detect_encoding(raw) not in ("utf-8", "utf-8-sig"):
+        return None  # UTF-16 or -32, which only the stdlib reads: UTF-8 members cannot go inside it
     return raw[:-1] + b"," + dumps(members, python_only=python_only)[1:]
 
 

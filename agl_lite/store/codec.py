@@ -1,6 +1,6 @@
 """Records to and from JSON-able dicts, for backends that store rows as documents and for the HTTP API.
 
-Token ids and logprobs are not JSON here: backends store them packed (see `tokens.py`).
+Token ids and logprobs are not JSON here: backends store them packed (see `packed_ids.py`).
 """
 
 from __future__ import annotations

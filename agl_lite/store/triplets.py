@@ -19,7 +19,6 @@ from typing import Any
 
 import orjson
 
-from agl_lite.errors import BadRequest
 from agl_lite.store.records import CallOutcome, ChoiceRecord, Event, LLMCall, Rollout
 from agl_lite.store.rules import REWARD_KIND, Store
 
@@ -61,25 +60,6 @@ class TripletOptions:
     reward_policy: RewardPolicy = RewardPolicy.LAST
     missing_reward: float = 0.0
     """The reward of a rollout that has none (such rollouts are flagged, never silently rewarded)."""
-
-    @classmethod
-    def from_query(cls, q: Mapping[str, str]) -> TripletOptions:
-        """From query parameters `attempts`, `reward_policy`, `missing_reward`; a 400 naming the bad one."""
-        try:
-            attempts = AttemptScope(q.get("attempts", "final"))
-        except ValueError:
-            raise BadRequest("query parameter 'attempts' must be 'final' or 'all'") from None
-        try:
-            policy = RewardPolicy(q.get("reward_policy", "last"))
-        except ValueError:
-            raise BadRequest("query parameter 'reward_policy' must be 'last' or 'broadcast'") from None
-        try:
-            missing = float(q.get("missing_reward", "0"))
-        except ValueError:
-            raise BadRequest("query parameter 'missing_reward' must be a number") from None
-        if not math.isfinite(missing):
-            raise BadRequest("query parameter 'missing_reward' must be a finite number")
-        return cls(attempts, policy, missing)
 
     def to_json(self) -> dict[str, Any]:
         return {

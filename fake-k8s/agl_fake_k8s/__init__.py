@@ -1,6 +1,6 @@
 """A fake Kubernetes API server that the real `kubernetes` client (sync and `kubernetes.aio`) cannot tell from a
 real one, with a Job controller, a garbage collector, a scheduler and a kubelet that runs containers as local
-subprocesses; see docs/testing-k8s.md.
+subprocesses; see the README of its distribution (fake-k8s/README.md).
 
     async with running_fake_k8s(FakeK8sConfig(timings=Timings(time_scale=0.01))) as k8s:
         api = kubernetes.client.BatchV1Api(kubernetes.client.ApiClient(k8s.api_client_config()))

@@ -79,5 +79,6 @@ def test_the_twin_has_every_method_of_the_async_client_with_its_signature() -> N
     public = {n for n, v in vars(AglLiteClient).items() if not n.startswith("_") and inspect.isfunction(v)}
     assert public - {"close", "paused"} <= set(vars(SyncAglLiteClient))
     for name in public - {"close", "paused"}:
-        twin = inspect.signature(getattr(SyncAglLiteClient, name))
-        assert twin == inspect.signature(getattr(AglLiteClient, name)), name
+        twin, own = (inspect.signature(getattr(c, name)) for c in (SyncAglLiteClient, AglLiteClient))
+        assert twin.parameters == own.parameters, name
+        assert getattr(SyncAglLiteClient, name).__qualname__ == f"SyncAglLiteClient.{name}"

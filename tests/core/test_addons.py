@@ -182,3 +182,31 @@ async def test_services_are_there_for_every_configure_wherever_their_provider_st
         assert tokens.store is store.store
     finally:
         await manager.shutdown()
+
+
+def test_every_built_in_is_known_by_its_short_name_however_it_is_built() -> None:
+    """`after` names built-ins by short name: an addon built in code (tests, embedders) is checked as one named in a
+    config, since the class says its own name."""
+    from agl_lite.addons.capture import Capture
+    from agl_lite.addons.sink import Sink
+    from agl_lite.core.registry import resolve_addon
+
+    assert {name: resolve_addon(name, ADDONS).short_name for name in ADDONS} == {n: n for n in ADDONS}
+    with pytest.raises(ConfigError, match="'Sink' must come after 'Capture'"):
+        AddonManager([LoadedAddon("Sink", Sink()), LoadedAddon("Capture", Capture())])
+
+
+def test_an_endpoint_table_under_any_name_must_be_in_the_routes() -> None:
+    from agl_lite.core.api import Call, Endpoints
+    from agl_lite.core.routes import Scope
+
+    class Things:
+        api = Endpoints()
+        routes = api.routes  # (empty: written before the endpoint)
+
+        @api.endpoint("things.get", "GET", "/api/things", Scope.ADMIN, "Things.")
+        async def get(self, call: Call) -> Any:
+            return {}
+
+    with pytest.raises(ConfigError, match=r"declares endpoints \['things.get'\]"):
+        AddonManager([LoadedAddon("things", Things())]).routes()

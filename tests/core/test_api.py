@@ -191,3 +191,12 @@ def test_a_number_parameter_takes_what_json_writes(raw: str, value: float) -> No
 def test_a_number_parameter_refuses_what_is_no_finite_json_number(raw: str, message: str) -> None:
     with pytest.raises(BadRequest, match=message):
         Param("number").parse("x", raw)
+
+
+async def test_a_400_names_the_parameter_or_field_it_is_about() -> None:
+    with pytest.raises(BadRequest) as caught:
+        await Things.table.dispatch(Things(), _flow("GET", "/api/things", query_string="limit=0"))
+    assert caught.value.body()["error"]["param"] == "limit"
+    with pytest.raises(BadRequest) as caught:
+        await Things.table.dispatch(Things(), _flow("POST", "/api/things", json_body={"name": 1}))
+    assert caught.value.body()["error"]["param"] == "name"

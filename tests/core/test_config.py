@@ -94,3 +94,21 @@ def test_an_extra_addons_options_table_is_accepted_and_an_unknown_one_refused(tm
     assert load_config(write(tmp_path, text)).addons == {"x:Y": {"path": "a"}}
     with pytest.raises(ConfigError, match=r"\[addons.x:Z\] configures an addon that is not in addons.chain"):
         load_config(write(tmp_path, '[addons]\nextra = ["x:Y"]\n\n[addons."x:Z"]\npath = "a"\n'))
+
+
+def test_a_config_that_names_no_chain_gets_the_default_one_from_whoever_builds_it(tmp_path: Path) -> None:
+    """The core knows no addon: its loader leaves the chain open, the product's loader and builder fill it."""
+    from agl_lite.core import config as core_config
+    from agl_lite.service import build_gateway
+
+    path = write(tmp_path, "[addons.capture]\nlogprobs = true\n")
+    open_chain = core_config.load_config(path)
+    assert open_chain.chain is None
+    assert load_config(path).chain == DEFAULT_CHAIN
+    built = build_gateway(GatewayConfig())
+    assert [item.name for item in built.addons.addons] == list(DEFAULT_CHAIN)
+    assert build_gateway(open_chain).config.chain == DEFAULT_CHAIN
+    with pytest.raises(
+        ConfigError, match=r"\[addons.capture\] configures an addon that is not in addons.chain"
+    ):
+        build_gateway(GatewayConfig(chain=("auth",), addons={"capture": {}}))

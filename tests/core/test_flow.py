@@ -141,3 +141,25 @@ def test_what_only_python_reads_is_written_back_to_the_same_values(body: bytes) 
     req = _request(body)
     req.replace_json({**req.json_object(), "y": 1})
     assert repr(json.loads(req.upstream_body({"model": "z"}))) == repr({**expected, "y": 1, "model": "z"})
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-be", "utf-16-le", "utf-32-be", "utf-8-sig"])
+def test_members_reach_a_body_in_any_encoding_python_reads(encoding: str) -> None:
+    """A UTF-16 or -32 body (the stdlib reads them, and so vLLM) cannot take UTF-8 members spliced in: written
+    whole instead; a UTF-8 body with a BOM still takes them."""
+    import json
+
+    req = _request('{"model": "m", "n": 1}'.encode(encoding))
+    req.set_fields({"return_token_ids": True})
+    assert json.loads(req.upstream_body()) == {"model": "m", "n": 1, "return_token_ids": True}
+
+
+def test_an_addons_nan_goes_upstream_as_nan() -> None:
+    """orjson writes NaN and infinities as null: a member an addon sets to one is written by the stdlib."""
+    import json
+
+    req = _request(CLIENT)
+    req.set_fields({"t": float("nan"), "x": [float("inf")]})
+    sent = json.loads(req.upstream_body())
+    assert sent["t"] != sent["t"]
+    assert sent["x"] == [float("inf")]

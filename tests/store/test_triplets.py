@@ -181,11 +181,16 @@ async def test_an_unknown_rollout_is_not_found(store: Store) -> None:
 
 
 def test_options_from_a_bad_query_name_the_parameter() -> None:
-    for query, name in [
-        ({"attempts": "x"}, "attempts"),
-        ({"reward_policy": "x"}, "reward_policy"),
-        ({"missing_reward": "nan"}, "missing_reward"),
-        ({"missing_reward": "x"}, "missing_reward"),
+    """What `GET .../triplets` declares for its options (the store API's endpoint)."""
+    from agl_lite.addons.store_api import StoreApi
+
+    (route,) = [r for r in StoreApi.routes if r.name == "triplets.get"]
+    for name, raw in [
+        ("attempts", "x"),
+        ("reward_policy", "x"),
+        ("missing_reward", "nan"),
+        ("missing_reward", "x"),
     ]:
         with pytest.raises(BadRequest, match=name):
-            TripletOptions.from_query(query)
+            route.query[name].parse(name, raw)
+    assert {n: p.default for n, p in route.query.items()} == TripletOptions().to_json()

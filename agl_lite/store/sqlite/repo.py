@@ -1,6 +1,6 @@
 """Row access to the SQLite store: the storage format of each record and the SQL that reads and writes it.
 
-A captured call is one row: its JSON, its token ids packed (`store.tokens`), its prompt stored as the longest
+A captured call is one row: its JSON, its token ids packed (`store.packed_ids`), its prompt stored as the longest
 prefix it shares with an earlier sequence of its attempt plus its own tail, and its `llm_call` event. `SQLiteRepo`
 works on one connection and knows nothing of transactions: the store (`store.sqlite.store`) decides those.
 """
