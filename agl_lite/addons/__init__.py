@@ -15,6 +15,7 @@ ADDONS: dict[str, str] = {
     "control": "agl_lite.addons.control:Control",
     "route": "agl_lite.addons.router:Router",
     "anthropic": "agl_lite.addons.anthropic:Anthropic",
+    "responses": "agl_lite.addons.responses:Responses",
     "capture": "agl_lite.addons.capture:Capture",
     "tokens": "agl_lite.addons.tokens:Tokens",
     "sink": "agl_lite.addons.sink:Sink",
@@ -30,10 +31,11 @@ DEFAULT_CHAIN: tuple[str, ...] = (
     "metrics",
     "route",
     "anthropic",
+    "responses",
     "capture",
     "tokens",
     "sink",
 )
 """The addon chain when the config names none. Order matters: the store first (others look it up), auth on every
-flow, then the addons that answer their own paths, then the LLM path (pause, route, anthropic, capture, tokens) and
-the sink that commits the captured call."""
+flow, then the addons that answer their own paths, then the LLM path (pause, route, the Anthropic and Responses
+translations, capture, tokens) and the sink that commits the captured call."""

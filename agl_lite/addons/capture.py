@@ -35,6 +35,7 @@ class Capture:
     after = {
         "route": "capture reads route.backend in request, to know what to ask vLLM for",
         "anthropic": "capture records the chat request anthropic translates, and the client view it leaves",
+        "responses": "capture records the chat request responses translates, and the client view it leaves",
     }
 
     @dataclass(frozen=True, slots=True)

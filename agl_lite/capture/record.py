@@ -104,7 +104,7 @@ class CallState:
 
 
 def api_of(flow: Flow) -> str | None:
-    """The API of an LLM route's call (`chat`, `completions`, `messages`), None for anything else."""
+    """The API of an LLM route's call (`chat`, `completions`, `messages`, `responses`), None for anything else."""
     if flow.route.kind is not RouteKind.LLM:
         return None
     path = flow.request.path
@@ -114,6 +114,8 @@ def api_of(flow: Flow) -> str | None:
         return "completions"
     if path.endswith("/messages"):  # an Anthropic call rejected before its translation to chat
         return "messages"
+    if path.endswith("/responses"):  # likewise a Responses API call
+        return "responses"
     return None
 
 

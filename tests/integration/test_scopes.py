@@ -99,12 +99,19 @@ async def test_every_route_and_key_gets_the_status_its_scope_says(gateway: Gatew
                     expected = EXPECTED[route.scope][key_name]
                     got: int | str = ALLOWED if r.status not in (401, 403) else r.status
                     if r.status in (401, 403):
-                        # (Anthropic routes answer in Anthropic's error types)
-                        assert (await r.json())["error"]["type"] in (
-                            "unauthorized",
-                            "forbidden",
-                            "authentication_error",
-                            "permission_error",
+                        # (Anthropic routes answer in Anthropic's error types; Responses routes as OpenAI does,
+                        # with the gateway's type as the code)
+                        error = (await r.json())["error"]
+                        assert (
+                            error.get("code")
+                            if route.name.startswith("responses")
+                            else error["type"]
+                            in (
+                                "unauthorized",
+                                "forbidden",
+                                "authentication_error",
+                                "permission_error",
+                            )
                         )
                     if got != expected:
                         failures.append(

@@ -13,10 +13,10 @@ from typing import Any
 import orjson
 
 from agl_lite.capture.client_view import ClientView
-from agl_lite.core.sse import SSEParser
 from agl_lite.errors import HttpError
 from agl_lite.translate.anthropic.errors import error_event, error_status, reshape_error
 from agl_lite.translate.anthropic.message import MessageBuilder
+from agl_lite.translate.chunks import ChatChunks
 
 __all__ = ["StreamTranslator", "message_body", "token_count_body"]
 
@@ -24,30 +24,23 @@ __all__ = ["StreamTranslator", "message_body", "token_count_body"]
 class StreamTranslator:
     """Transform: a chat completions event stream in (choice 0), the Anthropic event stream out."""
 
-    __slots__ = ("_builder", "_done", "_ids", "_parser", "_usage", "_view")
+    __slots__ = ("_builder", "_chunks", "_done", "_ids", "_usage", "_view")
 
     def __init__(self, builder: MessageBuilder, view: ClientView) -> None:
         self._builder = builder
         self._view = view
-        self._parser = SSEParser()
+        self._chunks = ChatChunks()
         self._done = False
         self._usage = False
         self._ids = 0
 
     def __call__(self, chunk: bytes) -> bytes:
         b = self._builder
-        for event in self._parser.feed(chunk):
-            if self._done or b.failed:
-                continue  # nothing is owed after [DONE] or an error
-            if event.data == b"[DONE]":
-                self._done = True
-                continue
-            try:
-                obj = orjson.loads(event.data)
-            except orjson.JSONDecodeError:
-                continue  # a stray non-JSON event: the OpenAI SDKs skip those too
-            if type(obj) is dict:
+        for obj in self._chunks.feed(chunk):
+            if not b.failed:  # nothing is owed after an error
                 self._chunk(obj)
+        if not b.failed:  # ([DONE] after an in-band error ends nothing: the error did)
+            self._done = self._chunks.done
         return b.take()
 
     def _chunk(self, obj: dict[str, Any]) -> None:
