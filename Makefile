@@ -58,6 +58,16 @@ $(CLAUDE_CODE): examples/swe-bench/package.json examples/swe-bench/package-lock.
 
 claude-code: $(CLAUDE_CODE)
 
+# Codex CLI, pinned by examples/codex/package-lock.json, for the Codex example agent and the tests that run it
+# through the gateway's Responses API; without npm its tests skip, as Claude Code's do.
+CODEX := examples/codex/node_modules/.bin/codex
+.PHONY: codex
+$(CODEX): examples/codex/package.json examples/codex/package-lock.json
+	@if command -v npm >/dev/null; then cd examples/codex && npm ci --no-audit --no-fund && touch node_modules/.bin/codex; \
+	else echo "npm is not installed: the Codex tests will skip (install node and npm to run them)"; fi
+
+codex: $(CODEX)
+
 lint: $(STAMP)
 	$(BIN)/ruff check agl_lite fake-k8s tests bench examples scripts
 	$(BIN)/ruff format --check agl_lite fake-k8s tests bench examples scripts
@@ -66,7 +76,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: lint typecheck verl claude-code
+test: lint typecheck verl claude-code codex
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)

@@ -52,14 +52,17 @@ def usage_of(chat_usage: Any) -> dict[str, Any] | None:
 
 
 class _Item:
-    __slots__ = ("call_id", "id", "index", "kind", "name", "pieces")
+    __slots__ = ("call_id", "id", "index", "kind", "name", "namespace", "pieces")
 
-    def __init__(self, kind: str, index: int, name: str = "", call_id: str = "") -> None:
+    def __init__(
+        self, kind: str, index: int, name: str = "", call_id: str = "", namespace: str | None = None
+    ) -> None:
         self.kind = kind
         self.index = index
         self.id = _new_id({"message": "msg", "reasoning": "rs"}.get(kind, "fc"))
         self.name = name
         self.call_id = call_id
+        self.namespace = namespace
         self.pieces: list[str] = []
 
     def whole(self, status: str) -> dict[str, Any]:
@@ -75,23 +78,12 @@ class _Item:
             }
         if self.kind == "reasoning":
             return {"type": "reasoning", "id": self.id, "summary": [], "content": [_reasoning_part(text)]}
+        call = {"id": self.id, "call_id": self.call_id, "name": self.name, "status": status}
+        if self.namespace is not None:
+            call["namespace"] = self.namespace
         if self.kind == "custom_tool_call":
-            return {
-                "type": "custom_tool_call",
-                "id": self.id,
-                "call_id": self.call_id,
-                "name": self.name,
-                "input": _custom_input(text),
-                "status": status,
-            }
-        return {
-            "type": "function_call",
-            "id": self.id,
-            "call_id": self.call_id,
-            "name": self.name,
-            "arguments": text,
-            "status": status,
-        }
+            return {"type": "custom_tool_call", **call, "input": _custom_input(text)}
+        return {"type": "function_call", **call, "arguments": text}
 
 
 def _reasoning_part(text: str) -> dict[str, Any]:
@@ -188,7 +180,8 @@ class ResponseBuilder:
             events += self._close_open()
             name = name or ""
             kind = "custom_tool_call" if name in self.request.custom_tools else "function_call"
-            item = _Item(kind, len(self.items), name, call_id or _new_id("call"))
+            space, own = self.request.namespaced.get(name, (None, name))
+            item = _Item(kind, len(self.items), own, call_id or _new_id("call"), space)
             self._calls[index] = item
             self.items.append(item)
             added = item.whole("in_progress")

@@ -24,9 +24,12 @@ CUSTOM_INPUT = "input"
 _PASSED = {"model", "temperature", "top_p", "top_logprobs", "user", "parallel_tool_calls"}
 _ECHOED = {"metadata", "store", "prompt_cache_key", "service_tier", "safety_identifier"}
 """Accepted and given back in the response, never sent upstream (vLLM's prefix cache needs no key)."""
+_IGNORED = {"client_metadata"}
+"""Accepted and not sent upstream: what a client says about itself (Codex: its session and version)."""
 _KNOWN = (
     _PASSED
     | _ECHOED
+    | _IGNORED
     | {
         "input",
         "instructions",
@@ -60,6 +63,8 @@ class Translated:
     """The client asked for `message.output_text.logprobs`."""
     echo: dict[str, Any] = field(default_factory=dict)
     """The request's parameters as a Response repeats them (instructions, tools, tool_choice, text, ...)."""
+    namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """The chat name (`ns.name`) of each tool of a namespace: its namespace and its own name."""
 
 
 def to_chat(req: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> Translated:
@@ -84,7 +89,7 @@ def to_chat(req: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> Tran
     messages.extend(_input(req.get("input")))
     out: dict[str, Any] = {k: req[k] for k in _PASSED if req.get(k) is not None}
     out["messages"] = messages
-    tools, custom = _tools(req.get("tools"))
+    tools, custom, namespaced = _tools(req.get("tools"))
     if tools:
         out["tools"] = tools
     if req.get("tool_choice") is not None:
@@ -112,7 +117,7 @@ def to_chat(req: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -> Tran
     )
     echo["tools"] = req.get("tools") or []
     echo["parallel_tool_calls"] = req.get("parallel_tool_calls", True)
-    return Translated(out, custom, logprobs, echo)
+    return Translated(out, custom, logprobs, echo, namespaced)
 
 
 # --- input items -------------------------------------------------------------------------------------------------
@@ -193,6 +198,11 @@ def _call(out: list[dict[str, Any]], item: dict[str, Any], at: str, *, custom: b
         if not isinstance(given, str):
             raise BadRequest(f"{at}.arguments: must be a string (the call's JSON)", param=f"{at}.arguments")
         arguments = given
+    space = item.get("namespace")
+    if space is not None:
+        if not isinstance(space, str) or not space:
+            raise BadRequest(f"{at}.namespace: must be a string", param=f"{at}.namespace")
+        name = f"{space}.{name}"
     call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
     last = out[-1] if out else None
     if last is not None and last["role"] == "assistant" and isinstance(last.get("content"), str | None):
@@ -214,43 +224,61 @@ def _output_text(output: Any, at: str) -> str:
 # --- tools and options -------------------------------------------------------------------------------------------
 
 
-def _tools(value: Any) -> tuple[list[dict[str, Any]], frozenset[str]]:
+def _tools(value: Any) -> tuple[list[dict[str, Any]], frozenset[str], dict[str, tuple[str, str]]]:
+    """The chat tools, the chat names of the custom ones, and the chat name of each tool of a namespace (`ns.name`,
+    flattened: a chat template knows no namespaces) with its namespace and own name."""
     if value is None:
-        return [], frozenset()
+        return [], frozenset(), {}
     if not isinstance(value, list):
         raise BadRequest("tools: must be a list", param="tools")
-    out, custom = [], set()
+    out: list[dict[str, Any]] = []
+    custom: set[str] = set()
+    namespaced: dict[str, tuple[str, str]] = {}
     for i, tool in enumerate(value):
         at = f"tools[{i}]"
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        name = tool.get("name") if isinstance(tool, dict) else None
-        if kind not in ("function", "custom"):
-            raise BadRequest(
-                f"{at}.type: {kind!r} tools cannot be expressed to a chat template (function and custom tools can)",
-                param=f"{at}.type",
-            )
-        if not isinstance(name, str) or not name:
-            raise BadRequest(f"{at}.name: required, a string", param=f"{at}.name")
-        function: dict[str, Any] = {"name": name}
-        description = tool.get("description")
-        if kind == "function":
-            parameters = tool.get("parameters")
-            if parameters is not None and not isinstance(parameters, dict):
-                raise BadRequest(f"{at}.parameters: must be a JSON schema object", param=f"{at}.parameters")
-            function["parameters"] = parameters or {"type": "object", "properties": {}}
-            if tool.get("strict") is not None:
-                function["strict"] = tool["strict"]
-        else:
-            custom.add(name)
-            function["parameters"] = {
-                "type": "object",
-                "properties": {CUSTOM_INPUT: {"type": "string", "description": "The tool's whole input."}},
-                "required": [CUSTOM_INPUT],
-            }
-        if isinstance(description, str):
-            function["description"] = description
-        out.append({"type": "function", "function": function})
-    return out, frozenset(custom)
+        if isinstance(tool, dict) and tool.get("type") == "namespace":
+            space, inner = tool.get("name"), tool.get("tools")
+            if not isinstance(space, str) or not space or not isinstance(inner, list):
+                raise BadRequest(f"{at}: a namespace needs a name and a list of tools", param=at)
+            for j, member in enumerate(inner):
+                function = _tool(member, f"{at}.tools[{j}]", custom, prefix=f"{space}.")
+                namespaced[function["function"]["name"]] = (space, member["name"])
+                out.append(function)
+            continue
+        out.append(_tool(tool, at, custom))
+    return out, frozenset(custom), namespaced
+
+
+def _tool(tool: Any, at: str, custom: set[str], prefix: str = "") -> dict[str, Any]:
+    kind = tool.get("type") if isinstance(tool, dict) else None
+    name = tool.get("name") if isinstance(tool, dict) else None
+    if kind not in ("function", "custom"):
+        raise BadRequest(
+            f"{at}.type: {kind!r} tools cannot be expressed to a chat template (function, custom and namespace "
+            "tools can)",
+            param=f"{at}.type",
+        )
+    if not isinstance(name, str) or not name:
+        raise BadRequest(f"{at}.name: required, a string", param=f"{at}.name")
+    function: dict[str, Any] = {"name": prefix + name}
+    description = tool.get("description")
+    if kind == "function":
+        parameters = tool.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise BadRequest(f"{at}.parameters: must be a JSON schema object", param=f"{at}.parameters")
+        function["parameters"] = parameters or {"type": "object", "properties": {}}
+        if tool.get("strict") is not None:
+            function["strict"] = tool["strict"]
+    else:
+        custom.add(prefix + name)
+        function["parameters"] = {
+            "type": "object",
+            "properties": {CUSTOM_INPUT: {"type": "string", "description": "The tool's whole input."}},
+            "required": [CUSTOM_INPUT],
+        }
+    if isinstance(description, str):
+        function["description"] = description
+    return {"type": "function", "function": function}
 
 
 def _tool_choice(choice: Any) -> Any:

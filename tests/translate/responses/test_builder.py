@@ -83,3 +83,18 @@ def test_logprobs_reach_the_client_only_when_it_asked() -> None:
 
 def test_ids_are_unique() -> None:
     assert len({new_response_id() for _ in range(1000)}) == 1000
+
+
+def test_a_call_to_a_namespaced_tool_comes_back_with_its_namespace() -> None:
+    ns = {
+        "type": "namespace",
+        "name": "agents",
+        "description": "Sub-agents.",
+        "tools": [{"type": "function", "name": "spawn"}],
+    }
+    request = to_chat({"model": "m", "input": "x", "tools": [ns]})
+    call = {"id": "c", "function": {"name": "agents.spawn", "arguments": "{}"}}
+    r = Response.model_validate(ResponseBuilder(request, "m").whole(chat({"tool_calls": [call]})))
+    (item,) = r.output
+    assert item.type == "function_call"
+    assert (item.name, item.namespace) == ("spawn", "agents")

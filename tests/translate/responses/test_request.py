@@ -184,3 +184,35 @@ def test_what_a_chat_template_cannot_express_is_a_400_naming_it(body: dict[str, 
     with pytest.raises(BadRequest) as caught:
         to_chat(body)
     assert caught.value.extra["param"] == param
+
+
+def test_what_codex_sends_a_namespace_of_tools_and_its_client_metadata() -> None:
+    """Codex groups tools in namespaces and says who it is in `client_metadata` (not sent upstream)."""
+    ns = {
+        "type": "namespace",
+        "name": "agents",
+        "description": "Sub-agents.",
+        "tools": [{"type": "function", "name": "spawn", "parameters": {"type": "object"}}],
+    }
+    t = to_chat(
+        {
+            "model": "m",
+            "input": [
+                {
+                    "type": "function_call",
+                    "namespace": "agents",
+                    "name": "spawn",
+                    "call_id": "c",
+                    "arguments": "{}",
+                }
+            ],
+            "tools": [ns],
+            "client_metadata": {"session_id": "s"},
+            "reasoning": {"summary": "auto"},
+        }
+    )
+    assert [tool["function"]["name"] for tool in t.chat["tools"]] == ["agents.spawn"]
+    assert t.namespaced == {"agents.spawn": ("agents", "spawn")}
+    assert t.chat["messages"][0]["tool_calls"][0]["function"]["name"] == "agents.spawn"
+    assert "client_metadata" not in t.chat
+    assert "reasoning_effort" not in t.chat
