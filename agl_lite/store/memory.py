@@ -142,6 +142,10 @@ class MemoryRepo:
         ]
         return within_bytes(out[:limit], max_bytes, _size)
 
+    def call(self, call_id: str) -> LLMCall | None:
+        found = next((c for c in self._calls if c.id == call_id), None)
+        return None if found is None else copy.deepcopy(found)
+
     def last_resource_version(self, name: str) -> int:
         versions = self._resources[name]
         return versions[-1].version if versions else 0

@@ -105,6 +105,7 @@ class Repo(Protocol):
 
     def rollout_tokens(self, rollout_id: str) -> int: ...
     def rollout_bytes(self, rollout_id: str) -> int: ...
+    def call(self, call_id: str) -> LLMCall | None: ...
     def calls(
         self,
         rollout_id: str | None,
@@ -652,6 +653,13 @@ class Store:
         return await self._read(
             lambda repo: repo.calls(rollout_id, attempt_id, after_order_key, limit, max_bytes, label)
         )
+
+    async def call(self, call_id: str) -> LLMCall:
+        """One captured call by its id (a Responses API call's is its response id); NotFound when none."""
+        found = await self._read(lambda repo: repo.call(call_id))
+        if found is None:
+            raise NotFound(f"no captured call {call_id!r}")
+        return found
 
     # --- resources and models ------------------------------------------------------------------------------------
 

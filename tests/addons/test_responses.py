@@ -35,10 +35,10 @@ def responses_flow(body: Any = None, path: str = "/v1/responses") -> Flow:
     return flow
 
 
-def test_a_responses_flow_becomes_a_chat_completions_flow() -> None:
+async def test_a_responses_flow_becomes_a_chat_completions_flow() -> None:
     flow = responses_flow(path="/r/ro-1/a/at-1/v1/responses")
     original = flow.request.body
-    Responses().request(flow)
+    await Responses().request(flow)
     req = flow.request
     assert req.path == "/r/ro-1/a/at-1/v1/chat/completions"
     assert [str(t.url) for t in flow.upstreams] == [
@@ -56,11 +56,11 @@ def test_a_responses_flow_becomes_a_chat_completions_flow() -> None:
     assert view.client_id.startswith("resp_")
 
 
-def test_a_bad_request_is_a_400_that_changes_nothing() -> None:
+async def test_a_bad_request_is_a_400_that_changes_nothing() -> None:
     flow = responses_flow({"model": "gpt-5", "input": "hi", "tools": [{"type": "web_search"}]})
     before = (flow.request.upstream_body(), flow.request.path, [str(t.url) for t in flow.upstreams])
     with pytest.raises(BadRequest, match=r"tools\[0\].type"):
-        Responses().request(flow)
+        await Responses().request(flow)
     assert (flow.request.upstream_body(), flow.request.path, [str(t.url) for t in flow.upstreams]) == before
     assert CLIENT_VIEW not in flow.metadata
 

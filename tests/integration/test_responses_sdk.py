@@ -6,6 +6,7 @@ whole views agree, a function tool round trip works as Codex and the Agents SDK 
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -177,7 +178,6 @@ async def test_json_schema_output_is_asked_of_the_upstream(setup: Setup) -> None
     [
         ({"model": "gpt-5", "input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"model": "gpt-5", "input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
-        ({"model": "gpt-5", "input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
         ({"model": "gpt-5", "input": "hi", "frobnicate": 1}, "frobnicate"),
         ({"model": "gpt-5"}, "input"),
     ],
@@ -252,3 +252,68 @@ async def test_the_agents_sdk_runs_an_agent_with_a_function_tool_to_its_end(setu
     )
     (row,), stats = merge_trajectories((await rollout_triplets(setup.store, "ro-agents")).triplets)
     assert (len(row.spans), stats.merged_steps) == (2, 1)
+
+
+async def test_a_previous_response_id_chain_of_three_extends_its_prompts_and_is_served_back(
+    setup: Setup,
+) -> None:
+    """`previous_response_id` continues a conversation from the store: each turn's prompt ids extend the previous
+    turn's prompt and answer exactly, the instructions are each response's own, and a stored Response and its input
+    items are served back (`responses.retrieve`, `input_items.list`)."""
+    for text in ("One.", "Two.", "Three."):
+        setup.mock.enqueue(Scenario(content=text), times=1)
+    first = await setup.client.responses.create(model="gpt-5", instructions="Count.", input="Start.")
+    second = await setup.client.responses.create(
+        model="gpt-5", instructions="Count.", input="Go on.", previous_response_id=first.id
+    )
+    third = await setup.client.responses.create(
+        model="gpt-5", instructions="Count.", input="Again.", previous_response_id=second.id
+    )
+    assert [text_of(r) for r in (first, second, third)] == ["One.", "Two.", "Three."]
+    records = [await setup.probe.record(n) for n in (1, 2, 3)]
+    assert [r.id for r in records] == [first.id, second.id, third.id]  # stored under their response ids
+    for before, after in itertools.pairwise(records):
+        grown = list(before.prompt_token_ids or ()) + list(before.choices[0].token_ids)
+        assert list(after.prompt_token_ids or ())[: len(grown)] == grown
+    assert records[2].upstream_request["messages"] == [
+        {"role": "system", "content": "Count."},
+        {"role": "user", "content": "Start."},
+        {"role": "assistant", "content": "One."},
+        {"role": "user", "content": "Go on."},
+        {"role": "assistant", "content": "Two."},
+        {"role": "user", "content": "Again."},
+    ]
+    fetched = await setup.client.responses.retrieve(second.id)
+    assert (fetched.id, text_of(fetched)) == (second.id, "Two.")
+    items = await setup.client.responses.input_items.list(second.id)
+    assert [i.type for i in items.data] == ["message"]
+
+
+async def test_a_response_not_stored_or_of_another_rollout_is_not_found(setup: Setup) -> None:
+    from agl_lite.core.contract import derive_key
+    from agl_lite.store.rules import RolloutSpec
+
+    await setup.store.enqueue([RolloutSpec(input=1, id="ro-a"), RolloutSpec(input=2, id="ro-b")])
+    await setup.store.claim("test", 2)
+    setup.mock.enqueue(Scenario(content="Hi."), times=None)
+
+    def agent(rollout: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=f"{gateway_url(setup.gateway)}/r/{rollout}/a/at-1/v1",
+            api_key=derive_key(ADMIN_KEY, rollout),
+            max_retries=0,
+        )
+
+    mine = await agent("ro-a").responses.create(model="gpt-5", input="hi")
+    assert (await agent("ro-a").responses.retrieve(mine.id)).id == mine.id
+    with pytest.raises(openai.NotFoundError):
+        await agent("ro-b").responses.retrieve(mine.id)  # another rollout's: as if it did not exist
+    with pytest.raises(openai.NotFoundError):
+        await agent("ro-b").responses.create(model="gpt-5", input="hi", previous_response_id=mine.id)
+    unstored = await setup.client.responses.create(model="gpt-5", input="hi", store=False)
+    with pytest.raises(openai.NotFoundError) as caught:
+        await setup.client.responses.retrieve(unstored.id)
+    assert caught.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+    assert (
+        await setup.client.responses.retrieve(mine.id)
+    ).id == mine.id  # the admin key sees every rollout's

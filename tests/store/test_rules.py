@@ -286,6 +286,19 @@ async def test_calls_round_trip_exactly_in_request_order(store: Store) -> None:
     assert [e.data["call_id"] for e in events] == ["c20", "c10"]  # events in commit order; calls by order_key
 
 
+async def test_a_call_is_read_back_by_its_id_with_its_prefix_shared_ids(store: Store) -> None:
+    await store.enqueue([RolloutSpec(input=1, id="r")])
+    first = call("r", 10, list(range(100, 120)), [[1, 2]])
+    second = call("r", 20, [*range(100, 120), 1, 2, 7], [[8, 9]])  # its prompt extends the first: shared ids
+    unattributed = call(None, 30, [5, 6], [[7]])
+    for c in (first, second, unattributed):
+        await store.add_call(c)
+    assert await store.call("c20") == second
+    assert await store.call("c30") == unattributed
+    with pytest.raises(NotFound, match="c99"):
+        await store.call("c99")
+
+
 async def test_labels_are_stored_with_their_call_and_filter_its_reads(store: Store) -> None:
     await store.enqueue([RolloutSpec(input=1, id="r")])
     await store.add_call(call("r", 1, [1], [[2]], labels={"tool": "search", "turn": "1"}))

@@ -340,10 +340,7 @@ class SQLiteRepo:
         max_bytes: int | None = None,
         label: tuple[str, str] | None = None,
     ) -> list[LLMCall]:
-        sql = (
-            "SELECT seq, prompt_parent, prompt_shared, prompt_tail, choice_meta, choice_ids, logprobs, body"
-            " FROM calls WHERE rollout_id IS ? AND order_key > ?"
-        )
+        sql = f"SELECT {_CALL_COLUMNS} FROM calls WHERE rollout_id IS ? AND order_key > ?"
         args: list[Any] = [rollout_id, after_order_key]
         if attempt_id is not None:
             sql += " AND attempt_id = ?"
@@ -353,7 +350,13 @@ class SQLiteRepo:
             sql += " AND json_extract(labels, ?) = ?"
             args += (f'$."{label[0]}"', label[1])
         cursor = self.conn.execute(sql + " ORDER BY order_key LIMIT ?", (*args, limit))
-        rows = within_bytes(cursor, max_bytes, _call_row_bytes)
+        return self._decode_calls(within_bytes(cursor, max_bytes, _call_row_bytes))
+
+    def call(self, call_id: str) -> LLMCall | None:
+        rows = self.conn.execute(f"SELECT {_CALL_COLUMNS} FROM calls WHERE id = ?", (call_id,)).fetchall()
+        return self._decode_calls(rows)[0] if rows else None
+
+    def _decode_calls(self, rows: list[Any]) -> list[LLMCall]:
         memo: dict[int, array[int]] = {}
         fetched = {row[0]: row[1:6] for row in rows}  # a prompt's parent is often an earlier row of this page
 
@@ -445,6 +448,10 @@ def connect(path: str, synchronous: str) -> sqlite3.Connection:
     conn.execute("PRAGMA foreign_keys = OFF")
     conn.execute("PRAGMA busy_timeout = 10000")
     return conn
+
+
+_CALL_COLUMNS = "seq, prompt_parent, prompt_shared, prompt_tail, choice_meta, choice_ids, logprobs, body"
+"""What a call is read back from (`_decode_calls`)."""
 
 
 def _call_row_bytes(row: tuple[Any, ...]) -> int:

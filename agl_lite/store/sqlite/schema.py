@@ -83,6 +83,11 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE calls ADD COLUMN labels TEXT;
     """,
+    # v6: calls found by their id, which for a Responses API call is its response id (`GET /v1/responses/{id}`,
+    # `previous_response_id`): one index search, whatever the store holds.
+    """
+    CREATE INDEX calls_id ON calls (id);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
