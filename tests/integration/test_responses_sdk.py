@@ -160,6 +160,18 @@ async def test_a_streamed_tool_call_arrives_whole_in_its_done_item(setup: Setup)
     )
 
 
+async def test_two_calls_in_one_reply_are_two_function_call_items_streamed_and_not(setup: Setup) -> None:
+    calls = (ToolCallSpec("add", {"a": 2, "b": 3}), ToolCallSpec("add", {"a": 4, "b": 5}))
+    setup.mock.enqueue(Scenario(tool_calls=calls), times=None)
+    whole = await setup.client.responses.create(model="gpt-5", input="2+3 and 4+5?", tools=TOOLS)
+    async with setup.client.responses.stream(model="gpt-5", input="2+3 and 4+5?", tools=TOOLS) as stream:
+        streamed = await stream.get_final_response()
+    for response in (whole, streamed):
+        items = [i for i in response.output if i.type == "function_call"]
+        assert [json.loads(i.arguments) for i in items] == [{"a": 2, "b": 3}, {"a": 4, "b": 5}]
+        assert len({i.call_id for i in items}) == 2
+
+
 async def test_json_schema_output_is_asked_of_the_upstream(setup: Setup) -> None:
     setup.mock.enqueue(Scenario(content='{"answer": 5}'), times=None)
     schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}

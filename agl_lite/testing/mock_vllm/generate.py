@@ -60,8 +60,8 @@ class ChoiceOutput:
     text: str
     finish_reason: str
     stop_reason: str | None
-    tool: ToolPlan | None = None
-    """Set when the tool parser is active and the output is a tool call, whole or cut."""
+    tools: list[ToolPlan] = field(default_factory=list)
+    """Set when the tool parser is active and the output is tool calls (one or several), whole or cut."""
     tool_complete: bool = False
     logprobs: list[float] = field(default_factory=list)
     alternates: list[list[tuple[str, float]]] = field(default_factory=list)
@@ -134,15 +134,28 @@ def _fake_arguments(fn: Mapping[str, Any] | None, rng: random.Random) -> dict[st
     return args
 
 
-def _plan_tool(name: str, arguments: Mapping[str, Any]) -> tuple[ToolPlan, str]:
-    args = json.dumps(dict(arguments))
-    text = hermes_tool_text(name, args)
-    head = '<tool_call>\n{"name": ' + json.dumps(name)
-    args_start = len(head) + len(', "arguments": ')
-    plan = ToolPlan(
-        f"chatcmpl-tool-{secrets.token_hex(8)}", name, args, len(head), args_start, args_start + len(args)
-    )
-    return plan, text
+def _plan_tools(specs: Sequence[ToolCallSpec]) -> tuple[list[ToolPlan], str]:
+    """Hermes blocks for the calls, one per line (as a chat template renders several calls back), with the char
+    spans of each call's name and arguments in the whole text."""
+    plans, blocks, at = [], [], 0
+    for spec in specs:
+        args = json.dumps(dict(spec.arguments))
+        text = hermes_tool_text(spec.name, args)
+        head = '<tool_call>\n{"name": ' + json.dumps(spec.name)
+        args_start = at + len(head) + len(', "arguments": ')
+        plans.append(
+            ToolPlan(
+                f"chatcmpl-tool-{secrets.token_hex(8)}",
+                spec.name,
+                args,
+                at + len(head),
+                args_start,
+                args_start + len(args),
+            )
+        )
+        blocks.append(text)
+        at += len(text) + 1  # the "\n" between blocks
+    return plans, "\n".join(blocks)
 
 
 def generate_choice(
@@ -151,14 +164,14 @@ def generate_choice(
     rng = _rng(params, index, "text")
     functions = _tool_functions(params.tools)
     parse_tools = bool(functions) and params.tool_choice != "none" and params.endpoint == "chat"
-    spec: ToolCallSpec | None = scenario.tool_call if scenario else None
+    specs = scenario.calls if scenario else ()
     reply = scenario.reply_text(request) if scenario else None
-    if spec is None and reply is None and parse_tools and (forced := _forced_tool_name(params, functions)):
-        spec = ToolCallSpec(forced, _fake_arguments(functions.get(forced), rng))
-    plan: ToolPlan | None = None
-    if spec is not None:
-        plan, text = _plan_tool(spec.name, spec.arguments)
-        plan = plan if parse_tools else None
+    if not specs and reply is None and parse_tools and (forced := _forced_tool_name(params, functions)):
+        specs = (ToolCallSpec(forced, _fake_arguments(functions.get(forced), rng)),)
+    plans: list[ToolPlan] = []
+    if specs:
+        plans, text = _plan_tools(specs)
+        plans = plans if parse_tools else []
     else:
         text = reply if reply is not None else _sentence(rng)
 
@@ -177,11 +190,11 @@ def generate_choice(
     if len(ids) > params.max_tokens:
         del ids[params.max_tokens :], texts[params.max_tokens :], strs[params.max_tokens :]
         finish, stop_reason = "length", None
-    complete = plan is not None and finish == "stop" and stop_reason is None
+    complete = bool(plans) and finish == "stop" and stop_reason is None
     out = ChoiceOutput(
         index, ids, texts, strs, "".join(texts), "tool_calls" if complete else finish, stop_reason
     )
-    out.tool, out.tool_complete = plan, complete
+    out.tools, out.tool_complete = plans, complete
     if params.logprobs:
         _add_logprobs(out, params, index)
     return out

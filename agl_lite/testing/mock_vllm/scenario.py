@@ -59,7 +59,7 @@ class ErrorReply:
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
-    """What to answer and how to misbehave. At most one of content / tool_call / error / text_fn.
+    """What to answer and how to misbehave. At most one of content / tool_call (or tool_calls) / error / text_fn.
 
     Fault counts are SSE data events sent before the fault (role chunks count; 0 means before the first). For a
     non-streamed request, reset and stall happen before the response and an error frame becomes a 500 body.
@@ -67,6 +67,8 @@ class Scenario:
 
     content: str | None = None
     tool_call: ToolCallSpec | None = None
+    tool_calls: tuple[ToolCallSpec, ...] = ()
+    """Several calls in one reply (parallel tool calls), in order; `tool_call` is the one-call spelling."""
     error: ErrorReply | None = None
     text_fn: Callable[[dict[str, Any]], str] | None = None
     latency_s: float = 0.0
@@ -77,6 +79,11 @@ class Scenario:
     reset_after: int | None = None
     stall_after: int | None = None
 
+    @property
+    def calls(self) -> tuple[ToolCallSpec, ...]:
+        """The tool calls to make, however they were given."""
+        return self.tool_calls or ((self.tool_call,) if self.tool_call is not None else ())
+
     def reply_text(self, request: dict[str, Any]) -> str | None:
         if self.text_fn is not None:
             return self.text_fn(request)
@@ -85,13 +92,17 @@ class Scenario:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Scenario:
         """Build from the HTTP API's JSON; unknown keys are rejected so typos fail loudly."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"text_fn", "tool_call", "error"}
-        extra = set(data) - names - {"tool_call", "error"}
+        names = {f.name for f in dataclasses.fields(cls)} - {"text_fn", "tool_call", "tool_calls", "error"}
+        extra = set(data) - names - {"tool_call", "tool_calls", "error"}
         if extra:
             raise ValueError(f"unknown scenario keys: {sorted(extra)}")
         kwargs: dict[str, Any] = {k: v for k, v in data.items() if k in names}
         if (tc := data.get("tool_call")) is not None:
             kwargs["tool_call"] = ToolCallSpec(str(tc["name"]), dict(tc.get("arguments") or {}))
+        if (tcs := data.get("tool_calls")) is not None:
+            kwargs["tool_calls"] = tuple(
+                ToolCallSpec(str(t["name"]), dict(t.get("arguments") or {})) for t in tcs
+            )
         if (err := data.get("error")) is not None:
             kwargs["error"] = ErrorReply(**err)
         return cls(**kwargs)

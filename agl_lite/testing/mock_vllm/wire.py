@@ -67,9 +67,10 @@ def _chat_lp_entries(out: ChoiceOutput, env: Envelope, lo: int, hi: int) -> list
 
 
 def _tool_calls(out: ChoiceOutput) -> list[dict[str, Any]]:
-    assert out.tool is not None
-    fn = {"name": out.tool.name, "arguments": out.tool.arguments}
-    return [{"id": out.tool.call_id, "type": "function", "function": fn}]
+    return [
+        {"id": t.call_id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+        for t in out.tools
+    ]
 
 
 def chat_body(env: Envelope, outs: Sequence[ChoiceOutput]) -> dict[str, Any]:
@@ -117,28 +118,30 @@ def chat_body(env: Envelope, outs: Sequence[ChoiceOutput]) -> dict[str, Any]:
 
 
 def _chat_deltas(out: ChoiceOutput) -> list[dict[str, Any]]:
-    """The delta each token produces; a tool call streams like vLLM's hermes parser (text held back as {})."""
+    """The delta each token produces; tool calls stream like vLLM's hermes parser (text held back as {}): each call
+    by its index, named once its name is whole, then its arguments as they come."""
     deltas: list[dict[str, Any]] = []
-    plan, pos, named = out.tool, 0, False
+    pos, named = 0, [False] * len(out.tools)
     for text in out.texts:
         start, pos = pos, pos + len(text)
         if not text:
             deltas.append({})
-        elif plan is None:
+        elif not out.tools:
             deltas.append({"content": text})
         else:
-            piece = out.text[max(start, plan.args_start) : min(pos, plan.args_end)]
-            fn: dict[str, Any] = {}
-            call: dict[str, Any] = {}
-            if not named and pos >= plan.name_end:
-                named, fn["name"] = True, plan.name
-                call = {"id": plan.call_id, "type": "function"}
-            if piece:
-                fn["arguments"] = piece
-            if fn:
-                deltas.append({"content": None, "tool_calls": [call | {"index": 0, "function": fn}]})
-            else:
-                deltas.append({})
+            calls = []
+            for i, plan in enumerate(out.tools):
+                piece = out.text[max(start, plan.args_start) : min(pos, plan.args_end)]
+                fn: dict[str, Any] = {}
+                call: dict[str, Any] = {}
+                if not named[i] and pos >= plan.name_end:
+                    named[i], fn["name"] = True, plan.name
+                    call = {"id": plan.call_id, "type": "function"}
+                if piece and named[i]:
+                    fn["arguments"] = piece
+                if fn:
+                    calls.append(call | {"index": i, "function": fn})
+            deltas.append({"content": None, "tool_calls": calls} if calls else {})
     return deltas
 
 

@@ -421,6 +421,36 @@ async def test_scenario_tool_call_streamed_reassembles(mock: MockVLLM, client: o
     assert (names, json.loads(args), finish) == (["add"], {"a": 2, "b": 3}, "tool_calls")
 
 
+async def test_several_tool_calls_in_one_reply_whole_streamed_and_echoed_back(
+    mock: MockVLLM, client: openai.AsyncOpenAI, base: str, http: aiohttp.ClientSession
+) -> None:
+    """Parallel tool calls, as Codex and the Agents SDK meet them: two calls in one reply, each streamed by its
+    index, and the reply echoed back as history extends the prompt exactly (one hermes block a line)."""
+    calls = (ToolCallSpec("add", {"a": 2, "b": 3}), ToolCallSpec("add", {"a": 4, "b": 5}))
+    mock.enqueue(Scenario(tool_calls=calls), times=3)
+    whole = await client.chat.completions.create(model="smollm2", messages=TOOL_MSG, tools=[ADD_TOOL])
+    got = [
+        (c.function.name, json.loads(c.function.arguments)) for c in whole.choices[0].message.tool_calls or []
+    ]
+    assert got == [("add", {"a": 2, "b": 3}), ("add", {"a": 4, "b": 5})]
+    assert whole.choices[0].finish_reason == "tool_calls"
+    stream = await client.chat.completions.create(
+        model="smollm2", messages=TOOL_MSG, tools=[ADD_TOOL], stream=True
+    )
+    args: dict[int, str] = {}
+    async for chunk in stream:
+        for call in chunk.choices[0].delta.tool_calls or []:
+            args[call.index] = args.get(call.index, "") + ((call.function and call.function.arguments) or "")
+    assert [json.loads(args[i]) for i in sorted(args)] == [{"a": 2, "b": 3}, {"a": 4, "b": 5}]
+    turn1 = await chat(http, base, messages=TOOL_MSG, tools=[ADD_TOOL], **IDS)
+    answer = turn1["choices"][0]
+    echoed = {"role": "assistant", "content": None, "tool_calls": answer["message"]["tool_calls"]}
+    replies = [{"role": "tool", "tool_call_id": c["id"], "content": "x"} for c in echoed["tool_calls"]]
+    turn2 = await chat(http, base, messages=[*TOOL_MSG, echoed, *replies], tools=[ADD_TOOL], **IDS)
+    prefix = turn1["prompt_token_ids"] + answer["token_ids"]
+    assert turn2["prompt_token_ids"][: len(prefix)] == prefix
+
+
 async def test_required_tool_choice_calls_a_tool_unscripted(base: str, http: aiohttp.ClientSession) -> None:
     message = (await chat(http, base, messages=TOOL_MSG, **REQUIRED))["choices"][0]["message"]
     assert set(json.loads(message["tool_calls"][0]["function"]["arguments"])) == {"a", "b"}
