@@ -39,7 +39,7 @@ def measure(hey: str, target: Target, mode: str, concurrency: int, seconds: floa
     return run_hey(
         hey,
         target.url,
-        request_body(mode),
+        request_body(mode, target.api),
         concurrency=concurrency,
         seconds=seconds,
         headers=target.headers,
@@ -88,6 +88,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "store,auth,store_api,control,metrics,route,capture,tokens,sink).",
     )
     p.add_argument(
+        "--responses",
+        action="store_true",
+        help="Also ask agl-lite the same question through the Responses API (`agl-lite/responses`: translated to "
+        "chat completions upstream), in the same rounds: what the translation costs against the same relay.",
+    )
+    p.add_argument(
         "--baseline",
         type=Path,
         metavar="DIR",
@@ -123,6 +129,10 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
             start_relay(children, base, cpus.server),
             start_agl_lite(children, base, tmp, cpus.server, chain, agent_path=args.agent_path),
         ]
+        if args.responses:
+            agl = targets[2]
+            url = agl.url.replace("/chat/completions", "/responses")
+            targets.append(Target("agl-lite/responses", url, agl.headers, pid=agl.pid, api="responses"))
         if args.baseline is not None:
             home = tmp / "baseline"
             home.mkdir()
@@ -162,11 +172,18 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
         lines, valid = verdict(cells, litellm is not None)
         if args.baseline is not None:
             lines += ab_lines(cells)
+        if args.responses:
+            lines += responses_lines(cells)
         setup = (
             f"{seconds:g} s per cell in {rounds} interleaved round(s); hey -cpus 1; {cpus.describe()}; "
             f"upstream stream in {args.stream_writes} writes; agl-lite chain {', '.join(chain)}"
             + ("; agl-lite called on the agent path with the agent key" if args.agent_path else "")
             + (f"; agl-lite@base from {args.baseline}" if args.baseline is not None else "")
+            + (
+                "; agl-lite/responses: the same server asked through the Responses API"
+                if args.responses
+                else ""
+            )
         )
         notes = [
             f"{info['nproc']} CPUs: absolute figures are low and noisy on such a box; compare within this run only "
@@ -197,6 +214,20 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
         if args.profile:
             profile(hey, targets[2], tmp, seconds, cpus)
     return 0 if valid else 3
+
+
+def responses_lines(cells: Cells) -> list[str]:
+    """The Responses API's cost: agl-lite asked through it against agl-lite asked through chat, and the relay."""
+    top, out = max(CONCURRENCY), []
+    for mode in MODES:
+        resp, chat, relay = (cells[(t, mode, top)] for t in ("agl-lite/responses", "agl-lite", "bare relay"))
+        one, one_direct = cells[("agl-lite/responses", mode, 1)], cells[("direct", mode, 1)]
+        out.append(
+            f"responses {mode:<6} c={top}: {resp.rps / relay.rps:.2f}x relay, {resp.rps / chat.rps:.2f}x agl-lite's "
+            f"chat; c=1 added p50 +{one.percentile(50) - one_direct.percentile(50):.1f} ms, p99 "
+            f"+{one.percentile(99) - one_direct.percentile(99):.1f} ms"
+        )
+    return out
 
 
 def ab_lines(cells: Cells) -> list[str]:

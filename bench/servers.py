@@ -40,7 +40,19 @@ STREAM_EVENTS = 25  # bench/upstream.py: 24 chunks + [DONE]
 LITELLM_SKIP = "skipped (pip install 'litellm[proxy]')"
 
 
-def request_body(mode: str) -> bytes:
+def request_body(mode: str, api: str = "chat") -> bytes:
+    """The bench's question: a chat completions body, or the same question as a Responses API body."""
+    if api == "responses":
+        return json.dumps(
+            {
+                "model": "bench",
+                "instructions": "You are a helpful assistant.",
+                "input": "What is 2 + 3? Answer in one sentence.",
+                "max_output_tokens": 32,
+                "stream": mode == "stream",
+            },
+            separators=(",", ":"),
+        ).encode()
     return json.dumps(
         {
             "model": "bench",
@@ -59,11 +71,13 @@ def request_body(mode: str) -> bytes:
 class Target:
     name: str
     url: str
-    """The chat completions URL."""
+    """The chat completions URL (the Responses URL when `api` is `responses`)."""
     headers: dict[str, str] = field(default_factory=dict)
     pid: int | None = None
     reshapes: bool = False
     """True when the server re-encodes responses (LiteLLM): only status and [DONE] are checked."""
+    api: str = "chat"
+    """`responses`: the target is asked the same question through the Responses API (agl-lite's translation)."""
 
 
 def start_upstream(children: Children, stream_writes: int, cpus: frozenset[int] | None) -> Target:
@@ -228,7 +242,7 @@ def check_answers(target: Target) -> None:
     for mode in MODES:
         req = urllib.request.Request(
             target.url,
-            data=request_body(mode),
+            data=request_body(mode, target.api),
             method="POST",
             headers={"Content-Type": "application/json", **target.headers},
         )
@@ -239,7 +253,13 @@ def check_answers(target: Target) -> None:
             raise BenchError(f"{target.name} ({mode}) failed: {exc}") from exc
         if status != 200:
             raise BenchError(f"{target.name} ({mode}) answered {status}: {body[:300]!r}")
-        if mode == "stream":
+        if target.api == "responses":
+            done = (
+                b"event: response.completed" in body if mode == "stream" else b'"status":"completed"' in body
+            )
+            if not done:
+                raise BenchError(f"{target.name} did not complete a Response: {body[-300:]!r}")
+        elif mode == "stream":
             events = body.count(b"data: ")
             if not body.endswith(b"data: [DONE]\n\n") or (not target.reshapes and events != STREAM_EVENTS):
                 raise BenchError(

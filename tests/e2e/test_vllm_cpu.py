@@ -43,7 +43,18 @@ MESSAGES: list[Any] = [
     {"role": "system", "content": "You are a careful math tutor. End with '#### <number>'."},
     {"role": "user", "content": "Tom reads 15 pages a day. How many pages does he read in 3 weeks?"},
 ]
-CHAIN = ("store", "auth", "store_api", "control", "metrics", "route", "capture", "tokens", "sink")
+CHAIN = (
+    "store",
+    "auth",
+    "store_api",
+    "control",
+    "metrics",
+    "route",
+    "responses",
+    "capture",
+    "tokens",
+    "sink",
+)
 
 pytestmark = [
     pytest.mark.vllm_cpu,
@@ -224,6 +235,46 @@ async def test_captured_prompt_ids_equal_vllms_own_tokenization(
     assert list(call.prompt_token_ids) == want
     assert call.usage is not None
     assert call.usage["prompt_tokens"] == len(want)
+
+
+ADD_TOOL: Any = {
+    "type": "function",
+    "name": "add",
+    "description": "Add two numbers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+async def test_a_responses_calls_prompt_ids_equal_vllms_tokenization_of_its_translation(
+    gateway: Gateway, sdk: openai.AsyncOpenAI, vllm: tuple[str, str], stream: bool
+) -> None:
+    """The Responses API translated to chat (instructions, input items, a function tool): the captured prompt ids
+    are what vLLM's own `/tokenize` makes of the translated messages and tools (docs/responses.md)."""
+    kwargs: Any = {
+        "model": "gpt-4.1",
+        "instructions": MESSAGES[0]["content"],
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": MESSAGES[1]["content"]}]}],
+        "tools": [ADD_TOOL],
+        "max_output_tokens": 32,
+    }
+    if stream:
+        async with sdk.responses.stream(**kwargs) as events:
+            await events.get_final_response()
+    else:
+        await sdk.responses.create(**kwargs)
+    call = await only_call(gateway)
+    sent = call.upstream_request
+    root = vllm[0].removesuffix("/v1")
+    body = {
+        "model": vllm[1],
+        "messages": sent["messages"],
+        "tools": sent["tools"],
+        "add_generation_prompt": True,
+    }
+    want = _post_json(f"{root}/tokenize", body)["tokens"]
+    assert call.api == "responses"
+    assert list(call.prompt_token_ids or ()) == want
 
 
 async def test_each_choice_has_as_many_ids_as_vllm_gave_it_logprobs_for(
