@@ -55,9 +55,15 @@ class Responses:
             "/v1/responses",
             RouteKind.LLM,
             "OpenAI Responses (as chat completions upstream).",
+            errors="OpenAIError",
         ),
         *model_api_routes(
-            "responses.get", "GET", "/v1/responses/{response_id}", RouteKind.API, "A stored Response."
+            "responses.get",
+            "GET",
+            "/v1/responses/{response_id}",
+            RouteKind.API,
+            "A stored Response.",
+            errors="OpenAIError",
         ),
         *model_api_routes(
             "responses.input_items",
@@ -65,6 +71,7 @@ class Responses:
             "/v1/responses/{response_id}/input_items",
             RouteKind.API,
             "The input items of a stored Response.",
+            errors="OpenAIError",
         ),
     )
 

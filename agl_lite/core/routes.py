@@ -84,6 +84,8 @@ class HttpRoute:
     """The status of its success."""
     media: str = field(default="application/json", compare=False)
     """The media type of its success's body."""
+    errors: str = field(default="Error", compare=False)
+    """The OpenAPI schema its errors follow: the gateway's own, or a translated API's (`OpenAIError`)."""
 
     @property
     def attributed(self) -> bool:
@@ -108,12 +110,14 @@ def path_template(path: str) -> str:
 
 
 def model_api_routes(
-    name: str, method: str, path: str, kind: RouteKind, summary: str = ""
+    name: str, method: str, path: str, kind: RouteKind, summary: str = "", *, errors: str = "Error"
 ) -> tuple[HttpRoute, ...]:
     """Declare a model-API endpoint twice: bare for the admin key (unattributed), and under the agent prefix."""
     return (
-        HttpRoute(name, method, path, Scope.ADMIN, kind, summary),
-        HttpRoute(f"{name}.agent", method, ATTRIBUTED_PREFIX + path, Scope.AGENT, kind, summary),
+        HttpRoute(name, method, path, Scope.ADMIN, kind, summary, errors=errors),
+        HttpRoute(
+            f"{name}.agent", method, ATTRIBUTED_PREFIX + path, Scope.AGENT, kind, summary, errors=errors
+        ),
     )
 
 

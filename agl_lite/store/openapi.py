@@ -27,6 +27,27 @@ ERROR = {
     },
 }
 
+OPENAI_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {
+                "type": {"type": "string"},
+                "message": {"type": "string"},
+                "code": {
+                    "type": ["string", "integer", "null"],
+                    "description": "What went wrong, as a string; the status (an integer) when the path matched no "
+                    "route at all, which the gateway answers in its own shape",
+                },
+                "param": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+"""The errors of a translated OpenAI API (the Responses API): OpenAI's shape, a string `code`."""
 
 _JSON_VALUE = "#/components/schemas/JsonValue"
 JSON_VALUE = {
@@ -78,7 +99,7 @@ def _as_value_schema(sub: Any) -> Any:
 
 def document(routes: Iterable[HttpRoute]) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
-    schemas: dict[str, Any] = {"Error": ERROR, "JsonValue": JSON_VALUE}
+    schemas: dict[str, Any] = {"Error": ERROR, "OpenAIError": OPENAI_ERROR, "JsonValue": JSON_VALUE}
     for route in routes:
         op: dict[str, Any] = {
             "operationId": route.name,
@@ -87,7 +108,9 @@ def document(routes: Iterable[HttpRoute]) -> dict[str, Any]:
             "responses": {
                 "default": {
                     "description": "An error",
-                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                    "content": {
+                        "application/json": {"schema": {"$ref": f"#/components/schemas/{route.errors}"}}
+                    },
                 },
                 "200": {"description": "OK", "content": {"application/json": {"schema": {}}}},
             },
