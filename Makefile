@@ -17,6 +17,7 @@ help:
 	@echo "make demo-vllm-cpu  the same through a real vLLM on CPU, SmolLM2-135M (opt-in: a few GB, see docs/vllm-cpu.md)"
 	@echo "make test           lint, types, layering and the whole test suite (creates $(VENV))"
 	@echo "make run            the gateway on :8100 in front of the mock vLLM on :8000"
+	@echo "make codex          Codex CLI (pinned, npm) for examples/codex and its tests (make test installs it)"
 	@echo "make bench-gateway  side-by-side gateway benchmark (needs 'hey': apt-get install hey)"
 	@echo "make bench-store    store figures on SQLite and memory, side by side, and the gateway with full capture"
 	@echo "make bench-stream   per-chunk relay delay and memory per idle stream, with full capture"
