@@ -25,3 +25,33 @@ def test_not_done_until_done_arrives() -> None:
     assert not chunks.done
     assert chunks.feed(b"NE]\n\n") == []
     assert chunks.done
+
+
+def test_other_shapes_of_event_read_as_the_sse_format_says() -> None:
+    """Several data lines (joined by a newline), `data:` without its space, comments and other fields: read line by
+    line; a CR line end anywhere sends the rest of the stream to the general parser, with nothing lost."""
+    chunks = ChatChunks()
+    got = chunks.feed(b'event: x\ndata: {"a":\ndata: 1}\n\n: hi\n\ndata:{"b": 2}\n\n\n\ndata: {"c"')
+    assert got == [{"a": 1}, {"b": 2}]
+    assert chunks.feed(b': 3}\r\n\r\ndata: {"d": 4}\r\rdata: [DONE]\r\n\r\n') == [{"c": 3}, {"d": 4}]
+    assert chunks.done
+
+
+def test_a_long_event_in_many_reads_comes_whole() -> None:
+    event = b'data: {"ids": [' + b",".join(b"7" for _ in range(100_000)) + b"]}\n\n"
+    chunks = ChatChunks()
+    got = [obj for i in range(0, len(event), 997) for obj in chunks.feed(event[i : i + 997])]
+    assert len(got) == 1
+    assert len(got[0]["ids"]) == 100_000
+
+
+def test_an_event_is_given_as_soon_as_its_blank_line_arrives() -> None:
+    """Never held for a later read: an event split between its two line ends, or byte by byte, comes out with the
+    read that completes it."""
+    chunks = ChatChunks()
+    assert chunks.feed(b'data: {"a": 1}\n') == []
+    assert chunks.feed(b"\n") == [{"a": 1}]
+    event = b'data: {"b": 2}\n\n'
+    got = [chunks.feed(event[i : i + 1]) for i in range(len(event))]
+    assert got[:-1] == [[]] * (len(event) - 1)
+    assert got[-1] == [{"b": 2}]
