@@ -19,7 +19,7 @@ from agl_lite.core.flow import Flow, Response
 from agl_lite.core.key_source import read_key
 from agl_lite.core.routes import Scope
 from agl_lite.core.services import LoadContext
-from agl_lite.errors import BadRequest, Conflict, Forbidden
+from agl_lite.errors import Conflict, Forbidden
 from agl_lite.store import api, triplets
 from agl_lite.store.records import LABEL_KEY, RolloutStatus
 from agl_lite.store.rules import STORE, RolloutFilter, Store
@@ -423,10 +423,8 @@ class StoreApi:
 
 
 def _label(raw: str | None) -> tuple[str, str] | None:
-    """`label=KEY:VALUE` (the value may hold colons; the key may not)."""
+    """`label=KEY:VALUE` (the value may hold colons; the key may not: its declared pattern makes sure of both)."""
     if raw is None:
         return None
-    key, sep, value = raw.partition(":")
-    if not sep:
-        raise BadRequest(f"query parameter 'label' must be KEY:VALUE, got {raw!r}")
+    key, _, value = raw.partition(":")
     return key, value

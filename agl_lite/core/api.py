@@ -189,9 +189,6 @@ class Endpoints:
     def routes(self) -> tuple[HttpRoute, ...]:
         return tuple(self._routes)
 
-    def __contains__(self, route: HttpRoute) -> bool:
-        return id(route) in self._by_route
-
     async def dispatch(self, addon: Any, flow: Flow) -> bool:
         """Answer `flow` when its route is one of these endpoints (its parameters, then its body, checked first);
         False when it is not."""

@@ -150,9 +150,10 @@ class ResponseBuilder:
     # --- deltas ------------------------------------------------------------------------------------------------
 
     def start(self) -> list[Event]:
+        response = self.response()  # (the same one, twice: built once)
         return [
-            self._event("response.created", response=self.response()),
-            self._event("response.in_progress", response=self.response()),
+            self._event("response.created", response=response),
+            self._event("response.in_progress", response=response),
         ]
 
     def text(self, piece: str, logprobs: list[dict[str, Any]] | None = None) -> list[Event]:
