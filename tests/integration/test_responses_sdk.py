@@ -191,6 +191,7 @@ async def test_json_schema_output_is_asked_of_the_upstream(setup: Setup) -> None
         ({"model": "gpt-5", "input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"model": "gpt-5", "input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
         ({"model": "gpt-5", "input": "hi", "frobnicate": 1}, "frobnicate"),
+        ({"model": "gpt-5", "input": "hi", "previous_response_id": 5}, "previous_response_id"),
         ({"model": "gpt-5"}, "input"),
     ],
 )
@@ -322,6 +323,8 @@ async def test_a_response_not_stored_or_of_another_rollout_is_not_found(setup: S
         await agent("ro-b").responses.retrieve(mine.id)  # another rollout's: as if it did not exist
     with pytest.raises(openai.NotFoundError):
         await agent("ro-b").responses.create(model="gpt-5", input="hi", previous_response_id=mine.id)
+    with pytest.raises(openai.NotFoundError):
+        await setup.client.responses.create(model="gpt-5", input="hi", previous_response_id="resp_never")
     unstored = await setup.client.responses.create(model="gpt-5", input="hi", store=False)
     with pytest.raises(openai.NotFoundError) as caught:
         await setup.client.responses.retrieve(unstored.id)
