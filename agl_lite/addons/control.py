@@ -176,16 +176,9 @@ class Control:
 
     # --- its endpoints -------------------------------------------------------------------------------------
 
-    @table.endpoint(
-        "gateway_pause",
-        "POST",
-        "/api/gateway/pause",
-        Scope.ADMIN,
-        'Pause LLM calls: body {"mode": "hold"|"reject", "hold_timeout_s"?: number}.',
-        body=PauseIn,
-        empty_body={},
-    )
-    async def _pause(self, call: Call) -> Any:
+    @table.endpoint("POST", "/api/gateway/pause", Scope.ADMIN, body=PauseIn, empty_body={})
+    async def gateway_pause(self, call: Call) -> Any:
+        """Pause LLM calls: body {"mode": "hold"|"reject", "hold_timeout_s"?: number}."""
         mode, timeout = call.body.mode, call.body.hold_timeout_s
         if timeout is None:
             timeout = self.options.hold_timeout_s
@@ -197,8 +190,9 @@ class Control:
         self._changed()
         return self.state()
 
-    @table.endpoint("gateway_resume", "POST", "/api/gateway/resume", Scope.ADMIN, "Resume LLM calls.")
-    async def _resume(self, call: Call) -> Any:
+    @table.endpoint("POST", "/api/gateway/resume", Scope.ADMIN)
+    async def gateway_resume(self, call: Call) -> Any:
+        """Resume LLM calls."""
         if self.paused:
             self.paused, self.mode, self.hold_timeout_s, self.paused_since = False, None, None, None
             self._wake_held()
@@ -206,14 +200,13 @@ class Control:
         return self.state()
 
     @table.endpoint(
-        "gateway_state",
         "GET",
         "/api/gateway/state",
         Scope.ADMIN,
-        "Pause state and in-flight LLM calls; `?wait_drained=S` waits up to S s for none in flight.",
         query={"wait_drained": Param("number", None, 0)},
     )
-    async def _state(self, call: Call) -> Any:
+    async def gateway_state(self, call: Call) -> Any:
+        """Pause state and in-flight LLM calls; `?wait_drained=S` waits up to S s for none in flight."""
         wait = call.query["wait_drained"]
         if wait is not None:
             with contextlib.suppress(TimeoutError):

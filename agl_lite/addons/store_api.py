@@ -60,25 +60,16 @@ class StoreApi:
 
     # --- rollouts ------------------------------------------------------------------------------------------------
 
-    @table.endpoint(
-        "rollouts.enqueue",
-        "POST",
-        "/api/rollouts",
-        A,
-        "Enqueue rollouts (batch).",
-        body=api.EnqueueIn,
-        status=201,
-    )
+    @table.endpoint("POST", "/api/rollouts", A, body=api.EnqueueIn, status=201)
     async def rollouts_enqueue(self, call: Call) -> Any:
+        """Enqueue rollouts (batch)."""
         created = await self.store.enqueue([r.spec() for r in call.body.rollouts])
         return {"rollouts": [r.to_json() for r in created]}
 
     @table.endpoint(
-        "rollouts.list",
         "GET",
         "/api/rollouts",
         A,
-        "List rollouts (filters, keyset pages).",
         query={
             "status": Param("string", enum=_STATUSES),
             "mode": Param("string"),
@@ -88,6 +79,7 @@ class StoreApi:
         },
     )
     async def rollouts_list(self, call: Call) -> Any:
+        """List rollouts (filters, keyset pages)."""
         q = call.query
         status = q["status"]
         flt = RolloutFilter(
@@ -102,11 +94,9 @@ class StoreApi:
         return {"rollouts": [r.to_json() for r in rows], "next": nxt}
 
     @table.endpoint(
-        "rollouts.completed",
         "GET",
         "/api/rollouts/completed",
         A,
-        "Terminal rollouts after a cursor (long-poll).",
         query={
             "after": _SEQ,
             "limit": Param("integer", 100, 0, 1000),  # 0: no rows, the cursor's head
@@ -114,24 +104,26 @@ class StoreApi:
         },
     )
     async def rollouts_completed(self, call: Call) -> Any:
+        """Terminal rollouts after a cursor (long-poll)."""
         q = call.query
         rows, cursor = await self.store.completed(q["after"], q["limit"], q["wait"])
         return {"rollouts": [r.to_json() for r in rows], "cursor": cursor}
 
-    @table.endpoint("rollouts.get", "GET", R, A, "One rollout with its attempts.")
+    @table.endpoint("GET", R, A)
     async def rollouts_get(self, call: Call) -> Any:
+        """One rollout with its attempts."""
         rollout = await self.store.get_rollout(call.params["rollout_id"])
         attempts = await self.store.attempts(rollout.id)
         return {**rollout.to_json(), "attempts": [a.to_json() for a in attempts]}
 
-    @table.endpoint(
-        "rollouts.cancel", "POST", R + "/cancel", A, "Cancel a rollout.", body=api.CancelIn, empty_body={}
-    )
+    @table.endpoint("POST", R + "/cancel", A, body=api.CancelIn, empty_body={})
     async def rollouts_cancel(self, call: Call) -> Any:
+        """Cancel a rollout."""
         return (await self.store.cancel(call.params["rollout_id"], call.body.message)).to_json()
 
-    @table.endpoint("rollouts.finish", "POST", R + "/finish", A, "The runner's verdict.", body=api.FinishIn)
+    @table.endpoint("POST", R + "/finish", A, body=api.FinishIn)
     async def rollouts_finish(self, call: Call) -> Any:
+        """The runner's verdict."""
         p = call.body
         return (
             await self.store.finish(call.params["rollout_id"], RolloutStatus(p.status), p.message)
@@ -139,17 +131,9 @@ class StoreApi:
 
     # --- attempts ------------------------------------------------------------------------------------------------
 
-    @table.endpoint(
-        "attempts.start",
-        "POST",
-        R + "/attempts",
-        A,
-        "Start an attempt; returns its env.",
-        body=api.AttemptIn,
-        empty_body={},
-        status=201,
-    )
+    @table.endpoint("POST", R + "/attempts", A, body=api.AttemptIn, empty_body={}, status=201)
     async def attempts_start(self, call: Call) -> Any:
+        """Start an attempt; returns its env."""
         attempt_id = call.body.attempt_id
         rollout = await self.store.get_rollout(call.params["rollout_id"])
         if attempt_id == ATTEMPT_FROM_POD:
@@ -171,15 +155,9 @@ class StoreApi:
             else None,
         }
 
-    @table.endpoint(
-        "attempts.update",
-        "PATCH",
-        R + "/attempts/{attempt_id}",
-        A,
-        "Record an outcome.",
-        body=api.AttemptPatchIn,
-    )
+    @table.endpoint("PATCH", R + "/attempts/{attempt_id}", A, body=api.AttemptPatchIn)
     async def attempts_update(self, call: Call) -> Any:
+        """Record an outcome."""
         p = call.body
         attempt = await self.store.update_attempt(
             call.params["rollout_id"],
@@ -193,11 +171,9 @@ class StoreApi:
     # --- events and calls ----------------------------------------------------------------------------------------
 
     @table.endpoint(
-        "events.list",
         "GET",
         R + "/events",
         A,
-        "A rollout's events.",
         query={
             "kind": Param("string"),
             "after_seq": _SEQ,
@@ -206,6 +182,7 @@ class StoreApi:
         },
     )
     async def events_list(self, call: Call) -> Any:
+        """A rollout's events."""
         q, rid = call.query, call.params["rollout_id"]
         kind, limit = q["kind"], q["limit"]
         events = await self.store.events(rid, kind, q["after_seq"], limit, max_bytes=q["max_bytes"])
@@ -215,26 +192,17 @@ class StoreApi:
         )
         return {"events": [e.to_json() for e in events], "more": more}
 
-    @table.endpoint(
-        "events.add",
-        "POST",
-        R + "/events",
-        A,
-        "Add events (rewards from the trainer).",
-        body=api.EventsIn,
-        status=201,
-    )
+    @table.endpoint("POST", R + "/events", A, body=api.EventsIn, status=201)
     async def events_add(self, call: Call) -> Any:
+        """Add events (rewards from the trainer)."""
         specs = [e.spec() for e in call.body.events]
         events = await self.store.add_events(call.params["rollout_id"], specs, source="admin")
         return {"events": [e.to_json() for e in events]}
 
     @table.endpoint(
-        "calls.list",
         "GET",
         R + "/calls",
         A,
-        "A rollout's captured LLM calls with ids.",
         query={
             "attempt_id": Param("string"),
             "label": Param("string", pattern=f"^{LABEL_KEY.pattern}:"),
@@ -244,6 +212,7 @@ class StoreApi:
         },
     )
     async def calls_list(self, call: Call) -> Any:
+        """A rollout's captured LLM calls with ids."""
         q, rid = call.query, call.params["rollout_id"]
         attempt, limit, label = q["attempt_id"], q["limit"], _label(q["label"])
         await self.store.get_rollout(rid)
@@ -256,11 +225,9 @@ class StoreApi:
         return {"calls": [c.to_json() for c in calls], "more": more}
 
     @table.endpoint(
-        "triplets.get",
         "GET",
         R + "/triplets",
         A,
-        "A rollout's training triplets.",
         query={
             "attempts": Param("string", "final", enum=tuple(s.value for s in triplets.AttemptScope)),
             "reward_policy": Param("string", "last", enum=tuple(p.value for p in triplets.RewardPolicy)),
@@ -268,6 +235,7 @@ class StoreApi:
         },
     )
     async def triplets_get(self, call: Call) -> Any:
+        """A rollout's training triplets."""
         q = call.query
         options = triplets.TripletOptions(
             triplets.AttemptScope(q["attempts"]),
@@ -276,16 +244,9 @@ class StoreApi:
         )
         return (await triplets.rollout_triplets(self.store, call.params["rollout_id"], options)).to_json()
 
-    @table.endpoint(
-        "triplets.batch",
-        "POST",
-        "/api/triplets",
-        A,
-        "Many rollouts' triplets (NDJSON pages).",
-        body=api.TripletsIn,
-        media="application/x-ndjson",
-    )
+    @table.endpoint("POST", "/api/triplets", A, body=api.TripletsIn, media="application/x-ndjson")
     async def triplets_batch(self, call: Call) -> Any:
+        """Many rollouts' triplets (NDJSON pages)."""
         p = call.body
         options = triplets.TripletOptions(
             triplets.AttemptScope(p.attempts), triplets.RewardPolicy(p.reward_policy), p.missing_reward
@@ -296,15 +257,15 @@ class StoreApi:
 
     # --- the runner protocol -------------------------------------------------------------------------------------
 
-    @table.endpoint(
-        "runner.claim", "POST", "/api/runner/claim", A, "Claim queued rollouts.", body=api.ClaimIn
-    )
+    @table.endpoint("POST", "/api/runner/claim", A, body=api.ClaimIn)
     async def runner_claim(self, call: Call) -> Any:
+        """Claim queued rollouts."""
         claimed = await self.store.claim(call.body.runner_id, call.body.limit)
         return {"rollouts": [r.to_json() for r in claimed]}
 
-    @table.endpoint("runner.running", "GET", "/api/runner/running", A, "Running rollouts + attempts.")
+    @table.endpoint("GET", "/api/runner/running", A)
     async def runner_running(self, call: Call) -> Any:
+        """Running rollouts + attempts."""
         rows = await self.store.running()
         return {
             "running": [{"rollout": r.to_json(), "attempts": [a.to_json() for a in at]} for r, at in rows]
@@ -312,52 +273,40 @@ class StoreApi:
 
     # --- resources and models ------------------------------------------------------------------------------------
 
-    @table.endpoint(
-        "resources.put",
-        "POST",
-        "/api/resources",
-        A,
-        "Add a resource version.",
-        body=api.ResourceIn,
-        status=201,
-    )
+    @table.endpoint("POST", "/api/resources", A, body=api.ResourceIn, status=201)
     async def resources_put(self, call: Call) -> Any:
+        """Add a resource version."""
         return (await self.store.put_resource(call.body.name, call.body.value)).to_json()
 
-    @table.endpoint("resources.latest", "GET", "/api/resources/latest", A, "Latest of each resource.")
+    @table.endpoint("GET", "/api/resources/latest", A)
     async def resources_latest(self, call: Call) -> Any:
+        """Latest of each resource."""
         return {"resources": [r.to_json() for r in await self.store.latest_resources()]}
 
-    @table.endpoint(
-        "resources.get",
-        "GET",
-        "/api/resources/{name}",
-        A,
-        "A resource (?version=N).",
-        query={"version": Param("integer", None, 1, 2**62)},
-    )
+    @table.endpoint("GET", "/api/resources/{name}", A, query={"version": Param("integer", None, 1, 2**62)})
     async def resources_get(self, call: Call) -> Any:
+        """A resource (?version=N)."""
         return (await self.store.get_resource(call.params["name"], call.query["version"])).to_json()
 
-    @table.endpoint(
-        "models.put", "POST", "/api/models", A, "Register a model version.", body=api.ModelIn, status=201
-    )
+    @table.endpoint("POST", "/api/models", A, body=api.ModelIn, status=201)
     async def models_put(self, call: Call) -> Any:
+        """Register a model version."""
         p = call.body
         return (await self.store.put_model(p.name, p.endpoints, p.version, p.served_model)).to_json()
 
-    @table.endpoint("models.list", "GET", "/api/models", A, "Registered models.")
+    @table.endpoint("GET", "/api/models", A)
     async def models_list(self, call: Call) -> Any:
+        """Registered models."""
         return {"models": [m.to_json() for m in await self.store.models()]}
 
-    @table.endpoint(
-        "models.remove", "POST", "/api/models/remove", A, "Take a registration back.", body=api.ModelRemoveIn
-    )
+    @table.endpoint("POST", "/api/models/remove", A, body=api.ModelRemoveIn)
     async def models_remove(self, call: Call) -> Any:
+        """Take a registration back."""
         return (await self.store.remove_model(call.body.name)).to_json()
 
-    @table.endpoint("openapi", "GET", "/api/openapi.json", PUB, "This API's OpenAPI document.")
+    @table.endpoint("GET", "/api/openapi.json", PUB)
     async def openapi(self, call: Call) -> Any:
+        """This API's OpenAPI document."""
         from agl_lite.store.openapi import document
 
         if self._openapi is None:
@@ -366,16 +315,9 @@ class StoreApi:
 
     # --- agents and graders --------------------------------------------------------------------------------------
 
-    @table.endpoint(
-        "agent.events",
-        "POST",
-        ATTRIBUTED_PREFIX + "/events",
-        AG,
-        "AGL_EVENT_URL: an agent's events (rewards only if trusted).",
-        body=api.AgentEventIn,
-        status=201,
-    )
+    @table.endpoint("POST", ATTRIBUTED_PREFIX + "/events", AG, body=api.AgentEventIn, status=201)
     async def agent_events(self, call: Call) -> Any:
+        """AGL_EVENT_URL: an agent's events (rewards only if trusted)."""
         p = call.body
         rid, aid = call.params["rollout_id"], call.params["attempt_id"]
         role = call.flow.metadata.get("auth.role")
@@ -387,31 +329,20 @@ class StoreApi:
         (event,) = await self.store.add_events(rid, [p.spec(aid)], source=source)
         return event.to_json()
 
-    @table.endpoint("agent.task", "GET", ATTRIBUTED_PREFIX + "/task", AG, "AGL_TASK_URL: the task input.")
+    @table.endpoint("GET", ATTRIBUTED_PREFIX + "/task", AG)
     async def agent_task(self, call: Call) -> Any:
+        """AGL_TASK_URL: the task input."""
         rollout = await self.store.get_rollout(call.params["rollout_id"])
         return {"input": rollout.input, "mode": rollout.mode}
 
-    @table.endpoint(
-        "grader.rollout",
-        "GET",
-        ATTRIBUTED_PREFIX + "/grade",
-        GR,
-        "The rollout with its metadata, for the grading step.",
-    )
+    @table.endpoint("GET", ATTRIBUTED_PREFIX + "/grade", GR)
     async def grader_rollout(self, call: Call) -> Any:
+        """The rollout with its metadata, for the grading step."""
         return (await self.store.get_rollout(call.params["rollout_id"])).to_json()
 
-    @table.endpoint(
-        "grader.grade",
-        "POST",
-        ATTRIBUTED_PREFIX + "/grade",
-        GR,
-        "AGL_GRADE_URL: the grader's reward and events.",
-        body=api.AgentEventIn,
-        status=201,
-    )
+    @table.endpoint("POST", ATTRIBUTED_PREFIX + "/grade", GR, body=api.AgentEventIn, status=201)
     async def grader_grade(self, call: Call) -> Any:
+        """AGL_GRADE_URL: the grader's reward and events."""
         aid = call.params["attempt_id"]
         source = "admin" if call.flow.metadata.get("auth.role") is KeyRole.ADMIN else "grader"
         (event,) = await self.store.add_events(

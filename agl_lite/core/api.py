@@ -1,6 +1,6 @@
 """The service's own JSON endpoints, each declared once: its route (method, path, scope), its body model, its query
-parameters, its success status and media type, and its handler. The parsing, the 400s and the OpenAPI document
-(`store.openapi`) all come from that one declaration.
+parameters, its success status and media type, and its handler, whose name and docstring name and describe it.
+The parsing, the 400s and the OpenAPI document (`store.openapi`) all come from that one declaration.
 
 An addon builds an `Endpoints` table with its decorator, serves `table.routes` as its `routes` (set after the last
 endpoint: the addon manager refuses an endpoint missing from them), and answers with `await
@@ -9,8 +9,9 @@ table.dispatch(self, flow)` in its `request` hook:
     class Things:
         table = Endpoints()
 
-        @table.endpoint("things.add", "POST", "/api/things", Scope.ADMIN, "Add one.", body=ThingIn, status=201)
-        async def add(self, call: Call) -> Any:
+        @table.endpoint("POST", "/api/things", Scope.ADMIN, body=ThingIn, status=201)
+        async def things_add(self, call: Call) -> Any:
+            '''Add one.'''
             return {"thing": call.body.name}
 
         routes = table.routes
@@ -151,29 +152,33 @@ class Endpoints:
 
     def endpoint(
         self,
-        name: str,
         method: str,
         path: str,
         scope: Scope,
-        summary: str,
         *,
         body: type[BaseModel] | None = None,
         empty_body: Mapping[str, Any] | None = None,
         query: Mapping[str, Param] | None = None,
         status: int = 200,
         media: str = "application/json",
+        name: str | None = None,
     ) -> Callable[[Handler], Handler]:
-        """Declare the decorated method as the handler of one endpoint. `empty_body`: what a request without a
-        body means (else a body is required when the endpoint takes one)."""
+        """Declare the decorated method as the handler of one endpoint. Its summary is the first line of the
+        handler's docstring; its name the handler's, its first `_` a dot (`rollouts_list`: `rollouts.list`),
+        unless `name` is given. `empty_body`: what a request without a body means (else a body is required when
+        the endpoint takes one)."""
 
         def register(handler: Handler) -> Handler:
+            doc = (handler.__doc__ or "").strip()
+            if not doc:
+                raise TypeError(f"endpoint handler {handler.__name__} needs a docstring: its summary")
             route = HttpRoute(
-                name,
+                name or handler.__name__.replace("_", ".", 1),
                 method,
                 path,
                 scope,
                 RouteKind.API,
-                summary,
+                doc.splitlines()[0],
                 body=body,
                 query=MappingProxyType(dict(query or {})),
                 status=status,

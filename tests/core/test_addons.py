@@ -204,8 +204,9 @@ def test_an_endpoint_table_under_any_name_must_be_in_the_routes() -> None:
         api = Endpoints()
         routes = api.routes  # (empty: written before the endpoint)
 
-        @api.endpoint("things.get", "GET", "/api/things", Scope.ADMIN, "Things.")
-        async def get(self, call: Call) -> Any:
+        @api.endpoint("GET", "/api/things", Scope.ADMIN)
+        async def things_get(self, call: Call) -> Any:
+            """Things."""
             return {}
 
     with pytest.raises(ConfigError, match=r"declares endpoints \['things.get'\]"):

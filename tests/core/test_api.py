@@ -28,36 +28,30 @@ class Things:
     table = Endpoints()
 
     @table.endpoint(
-        "things.list",
         "GET",
         "/api/things",
         Scope.ADMIN,
-        "List things.",
         query={"limit": Param("integer", 10, 1, 100), "kind": Param("string", enum=("a", "b"))},
     )
-    async def list_things(self, call: Call) -> Any:
+    async def things_list(self, call: Call) -> Any:
+        """List things."""
         return {"query": dict(call.query)}
 
-    @table.endpoint(
-        "things.add", "POST", "/api/things", Scope.ADMIN, "Add a thing.", body=ThingIn, status=201
-    )
-    async def add(self, call: Call) -> Any:
+    @table.endpoint("POST", "/api/things", Scope.ADMIN, body=ThingIn, status=201)
+    async def things_add(self, call: Call) -> Any:
+        """Add a thing."""
         return {"name": call.body.name, "size": call.body.size}
 
     @table.endpoint(
-        "things.touch",
-        "POST",
-        "/api/things/{name}/touch",
-        Scope.ADMIN,
-        "Touch a thing.",
-        body=ThingIn,
-        empty_body={"name": "default"},
+        "POST", "/api/things/{name}/touch", Scope.ADMIN, body=ThingIn, empty_body={"name": "default"}
     )
-    async def touch(self, call: Call) -> Any:
+    async def things_touch(self, call: Call) -> Any:
+        """Touch a thing."""
         return {"path": call.params["name"], "body": call.body.name}
 
-    @table.endpoint("things.raw", "GET", "/api/things.txt", Scope.PUBLIC, "As text.", media="text/plain")
-    async def raw(self, call: Call) -> Any:
+    @table.endpoint("GET", "/api/things.txt", Scope.PUBLIC, media="text/plain")
+    async def things_raw(self, call: Call) -> Any:
+        """As text."""
         return Response(200, call.flow.request.headers.copy(), body=b"things")
 
     routes = table.routes
@@ -156,8 +150,9 @@ def test_an_addon_whose_routes_miss_an_endpoint_is_a_config_error() -> None:
         table = Endpoints()
         routes = table.routes  # written above the endpoint: it would never be routed
 
-        @table.endpoint("late.get", "GET", "/api/late", Scope.ADMIN, "Late.")
-        async def get(self, call: Call) -> Any:
+        @table.endpoint("GET", "/api/late", Scope.ADMIN)
+        async def late_get(self, call: Call) -> Any:
+            """Late."""
             return {}
 
     with pytest.raises(
@@ -200,3 +195,31 @@ async def test_a_400_names_the_parameter_or_field_it_is_about() -> None:
     with pytest.raises(BadRequest) as caught:
         await Things.table.dispatch(Things(), _flow("POST", "/api/things", json_body={"name": 1}))
     assert caught.value.body()["error"]["param"] == "name"
+
+
+def test_an_endpoint_is_named_after_its_handler_unless_named() -> None:
+    table = Endpoints()
+
+    @table.endpoint("GET", "/api/a", Scope.ADMIN)
+    async def things_first(self: Any, call: Call) -> Any:
+        """First line.
+
+        The rest is not the summary."""
+
+    @table.endpoint("GET", "/api/b", Scope.ADMIN, name="other")
+    async def things_second(self: Any, call: Call) -> Any:
+        """Second."""
+
+    assert [(r.name, r.summary) for r in table.routes] == [
+        ("things.first", "First line."),
+        ("other", "Second."),
+    ]
+
+
+def test_an_endpoint_handler_without_a_docstring_is_refused() -> None:
+    table = Endpoints()
+    with pytest.raises(TypeError, match="things_get needs a docstring"):
+
+        @table.endpoint("GET", "/api/things", Scope.ADMIN)
+        async def things_get(self: Any, call: Call) -> Any:
+            return {}
