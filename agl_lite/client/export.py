@@ -94,8 +94,9 @@ async def export_calls(
             ):
                 after = -1
                 while True:
-                    calls = await client.calls(rollout.id, None, after, page_size)
-                    last = len(calls) < page_size
+                    # The gateway also ends a page at its byte cap: only its `more` says whether calls are left.
+                    calls, more = await client._calls_page(rollout.id, None, after, page_size)
+                    last = not more or not calls
                     await pages.put(_Page(rollout, calls, last))
                     if last:
                         break

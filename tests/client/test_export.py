@@ -3,6 +3,8 @@ JSONL and Parquet hold the same rows; a failed export leaves no file."""
 
 from __future__ import annotations
 
+import base64
+import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,23 @@ async def test_jsonl_has_the_succeeded_rollouts_ok_calls_exactly(
     await export(client, tmp_path / "out.jsonl", page_size=1)
     assert read_jsonl(tmp_path / "out.jsonl") == await expected_rows(store, "r1", "r2")
     assert len(read_jsonl(tmp_path / "out.jsonl")) == 2 * 3 + 2 * 2
+
+
+async def test_a_page_ended_by_the_gateways_byte_cap_is_not_the_last(
+    client: AglLiteClient, gateway: Gateway, tmp_path: Path
+) -> None:
+    # Three calls of ~3.5 MiB stored each (incompressible): the gateway's first page holds two (PAGE_BYTES,
+    # 8 MiB), fewer than page_size.
+    store = store_of(gateway)
+    await running(store, "big")
+    for k in range(3):
+        call = make_call("big", "a1", k, [1, 2, 3, k], [[10 + k]])
+        noise = base64.b64encode(random.Random(k).randbytes(3 * 1024 * 1024)).decode()
+        call.request = {"messages": [{"role": "user", "content": noise}]}
+        await store.add_call(call)
+    await store.finish("big", RolloutStatus.SUCCEEDED)
+    await export(client, tmp_path / "big.jsonl", page_size=100)
+    assert [row["order_key"] for row in read_jsonl(tmp_path / "big.jsonl")] == [0, 1, 2]
 
 
 async def test_all_outcomes_and_another_status(
