@@ -302,10 +302,7 @@ def rollouts_calls(ctx: typer.Context, rollout_id: RolloutArg, as_json: JsonOpt 
     async def work(client: AglLiteClient) -> None:
         await client.get_rollout(rollout_id)  # 404 for an unknown rollout, not an empty list
         calls = [c async for c in client.iter_calls(rollout_id)]
-        if as_json:
-            render.print_json([c.to_json() for c in calls])
-        else:
-            render.stdout().print(render.calls_table(calls))
+        render.emit(as_json, [c.to_json() for c in calls], lambda: render.calls_table(calls))
 
     _run(ctx, work)
 
@@ -367,10 +364,7 @@ def rollouts_cancel(
 
     async def work(client: AglLiteClient) -> None:
         rollout = await client.cancel(rollout_id, message)
-        if as_json:
-            render.print_json(rollout.to_json())
-        else:
-            typer.echo(f"{rollout.id}: {rollout.status.value}")
+        render.emit(as_json, rollout.to_json(), lambda: f"{rollout.id}: {rollout.status.value}")
 
     _run(ctx, work)
 
@@ -508,10 +502,7 @@ def models_set(
 
     async def work(client: AglLiteClient) -> None:
         model = await client.put_model(name, endpoint, version, served_model)
-        if as_json:
-            render.print_json(model.to_json())
-        else:
-            typer.echo(f"{model.name}: version {model.version}")
+        render.emit(as_json, model.to_json(), lambda: f"{model.name}: version {model.version}")
 
     _run(ctx, work)
 
@@ -529,10 +520,11 @@ def models_rm(
 
     async def work(client: AglLiteClient) -> None:
         model = await client.remove_model(name)
-        if as_json:
-            render.print_json(model.to_json())
-        else:
-            typer.echo(f"{model.name}: registration removed (it was version {model.version})")
+        render.emit(
+            as_json,
+            model.to_json(),
+            lambda: f"{model.name}: registration removed (it was version {model.version})",
+        )
 
     _run(ctx, work)
 
@@ -564,10 +556,7 @@ def gateway_pause(
         state = await client.pause("reject" if mode is PauseMode.REJECT else "hold", hold_timeout)
         if drain is not None:
             state = await client.gateway_state(wait_drained=drain)
-        if as_json:
-            render.print_json(state.to_json())
-        else:
-            render.stdout().print(render.state_table(state))
+        render.emit(as_json, state.to_json(), lambda: render.state_table(state))
         return EXIT_FAILED if drain is not None and state.in_flight else EXIT_OK
 
     _run(ctx, work)
@@ -582,10 +571,7 @@ def gateway_resume(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
     async def work(client: AglLiteClient) -> None:
         state = await client.resume()
-        if as_json:
-            render.print_json(state.to_json())
-        else:
-            render.stdout().print(render.state_table(state))
+        render.emit(as_json, state.to_json(), lambda: render.state_table(state))
 
     _run(ctx, work)
 
@@ -605,10 +591,7 @@ def gateway_status(
 
     async def work(client: AglLiteClient) -> None:
         state = await client.gateway_state(wait_drained)
-        if as_json:
-            render.print_json(state.to_json())
-        else:
-            render.stdout().print(render.state_table(state))
+        render.emit(as_json, state.to_json(), lambda: render.state_table(state))
 
     _run(ctx, work)
 
@@ -706,10 +689,11 @@ def export(
             writer.close(ok=ok)
         seconds = time.monotonic() - started
         what = summary.pop("")
-        if as_json:
-            render.print_json({**summary, "seconds": seconds, "path": str(out), "format": fmt.value})
-        else:
-            typer.echo(f"exported {what} to {out} in {seconds:.1f} s")
+        render.emit(
+            as_json,
+            {**summary, "seconds": seconds, "path": str(out), "format": fmt.value},
+            lambda: f"exported {what} to {out} in {seconds:.1f} s",
+        )
 
     _run(ctx, work)
 
@@ -725,10 +709,11 @@ def health(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         started = time.monotonic()
         answer = await client.health()
         ms = (time.monotonic() - started) * 1000
-        if as_json:
-            render.print_json({**answer, "url": client.url, "ms": round(ms, 2)})
-        else:
-            typer.echo(f"{answer.get('status', '?')}  {client.url}  ({ms:.1f} ms)")
+        render.emit(
+            as_json,
+            {**answer, "url": client.url, "ms": round(ms, 2)},
+            lambda: f"{answer.get('status', '?')}  {client.url}  ({ms:.1f} ms)",
+        )
 
     _run(ctx, work, key=False)
 

@@ -186,7 +186,15 @@ R = TypeVar("R", Rollout, Event, ModelRecord)
 
 def show(records: Sequence[R], as_json: bool, table: Callable[[Sequence[R]], Table]) -> None:
     """What every list command prints: the records as one JSON array (`--json`), or their table."""
+    emit(as_json, [r.to_json() for r in records], lambda: table(records))
+
+
+def emit(as_json: bool, data: Any, human: Callable[[], Table | str]) -> None:
+    """What a command prints: `data` as one JSON document (`--json`), or what `human()` makes of it for a person
+    (a table, or a line)."""
     if as_json:
-        print_json([r.to_json() for r in records])
+        print_json(data)
+    elif isinstance(shown := human(), str):
+        print(shown)
     else:
-        stdout().print(table(records))
+        stdout().print(shown)
