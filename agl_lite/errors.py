@@ -72,6 +72,14 @@ class HttpError(AglLiteError):
     status: ClassVar[int] = 500
     type: ClassVar[str] = "internal_error"
 
+    def __init_subclass__(cls, *, status: int | None = None, type: str | None = None, **kwargs: Any) -> None:
+        """`class NotFound(HttpError, status=404, type="not_found")`: its status and stable type, declared."""
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if type is not None:
+            cls.type = type
+
     def __init__(self, message: str, *, headers: dict[str, str] | None = None, **extra: Any) -> None:
         super().__init__(message)
         self.message = message
@@ -83,97 +91,60 @@ class HttpError(AglLiteError):
         return {"error": {"type": self.type, "message": self.message, "code": self.status, **self.extra}}
 
 
-class BadRequest(HttpError):
-    status = 400
-    type = "invalid_request"
+class BadRequest(HttpError, status=400, type="invalid_request"): ...
 
 
-class Unauthorized(HttpError):
-    status = 401
-    type = "unauthorized"
+class Unauthorized(HttpError, status=401, type="unauthorized"): ...
 
 
-class Forbidden(HttpError):
-    status = 403
-    type = "forbidden"
+class Forbidden(HttpError, status=403, type="forbidden"): ...
 
 
-class NotFound(HttpError):
-    status = 404
-    type = "not_found"
+class NotFound(HttpError, status=404, type="not_found"): ...
 
 
-class ModelNotFound(NotFound):
-    type = "model_not_found"
+class ModelNotFound(NotFound, type="model_not_found"): ...
 
 
-class MethodNotAllowed(HttpError):
-    status = 405
-    type = "method_not_allowed"
+class MethodNotAllowed(HttpError, status=405, type="method_not_allowed"): ...
 
 
-class BodyTimeout(HttpError):
+class BodyTimeout(HttpError, status=408, type="request_timeout"):
     """The client's request body did not arrive in time (not to be confused with the client library's
     `agl_lite.client.RequestTimeout`: no answer from the gateway in time)."""
 
-    status = 408
-    type = "request_timeout"
+
+class Conflict(HttpError, status=409, type="conflict"): ...
 
 
-class Conflict(HttpError):
-    status = 409
-    type = "conflict"
+class PayloadTooLarge(HttpError, status=413, type="payload_too_large"): ...
 
 
-class PayloadTooLarge(HttpError):
-    status = 413
-    type = "payload_too_large"
+class UnsupportedMediaType(HttpError, status=415, type="unsupported_media_type"): ...
 
 
-class UnsupportedMediaType(HttpError):
-    status = 415
-    type = "unsupported_media_type"
+class TooManyRequests(HttpError, status=429, type="rate_limited"): ...
 
 
-class TooManyRequests(HttpError):
-    status = 429
-    type = "rate_limited"
+class InternalError(HttpError, status=500, type="internal_error"): ...
 
 
-class InternalError(HttpError):
-    status = 500
-    type = "internal_error"
+class UpstreamError(HttpError, status=502, type="upstream_error"): ...
 
 
-class UpstreamError(HttpError):
-    status = 502
-    type = "upstream_error"
+class UpstreamTimeout(UpstreamError, status=504, type="upstream_timeout"): ...
 
 
-class UpstreamTimeout(UpstreamError):
-    status = 504
-    type = "upstream_timeout"
+class ServiceUnavailable(HttpError, status=503, type="service_unavailable"): ...
 
 
-class ServiceUnavailable(HttpError):
-    status = 503
-    type = "service_unavailable"
-
-
-class ShuttingDown(ServiceUnavailable):
+class ShuttingDown(ServiceUnavailable, type="shutting_down"):
     """The gateway stopped before the exchange ended (its shutdown timeout ran out)."""
 
-    type = "shutting_down"
 
-
-class InsufficientStorage(HttpError):
+class InsufficientStorage(HttpError, status=507, type="insufficient_storage"):
     """The store's disk is full: nothing was written; retry once space is back."""
 
-    status = 507
-    type = "insufficient_storage"
 
-
-class QuotaExceeded(InsufficientStorage):
+class QuotaExceeded(InsufficientStorage, type="quota_exceeded"):
     """A rollout has used its storage quota (`[addons.store] max_rollout_bytes`): retrying does not help."""
-
-    type = "quota_exceeded"

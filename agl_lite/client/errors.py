@@ -88,10 +88,7 @@ class ApiError(ClientError, HttpError):
     def __init__(
         self, message: str, *, status_code: int, error_type: str, retry_after: float | None = None
     ) -> None:
-        Exception.__init__(self, message)
-        self.message = message
-        self.headers: dict[str, str] = {}
-        self.extra: dict[str, Any] = {}
+        super().__init__(message)
         self.status_code = status_code
         self.error_type = error_type
         self.retry_after = retry_after
@@ -101,63 +98,45 @@ class ApiError(ClientError, HttpError):
         return f"{self.error_type} ({self.status_code}): {self.message}"
 
 
-class BadRequestError(ApiError, BadRequest):
-    pass
+class BadRequestError(ApiError, BadRequest): ...
 
 
-class AuthError(ApiError, Unauthorized):
-    pass
+class AuthError(ApiError, Unauthorized): ...
 
 
-class ForbiddenError(ApiError, Forbidden):
-    pass
+class ForbiddenError(ApiError, Forbidden): ...
 
 
-class NotFoundError(ApiError, NotFound):
-    pass
+class NotFoundError(ApiError, NotFound): ...
 
 
-class ConflictError(ApiError, Conflict):
-    pass
+class ConflictError(ApiError, Conflict): ...
 
 
-class PayloadTooLargeError(ApiError, PayloadTooLarge):
-    pass
+class PayloadTooLargeError(ApiError, PayloadTooLarge): ...
 
 
-class RateLimitedError(ApiError, TooManyRequests):
-    pass
+class RateLimitedError(ApiError, TooManyRequests): ...
 
 
-class UnavailableError(ApiError, ServiceUnavailable):
-    pass
+class UnavailableError(ApiError, ServiceUnavailable): ...
 
 
-class ServerError(ApiError):
-    pass
+class ServerError(ApiError): ...
 
 
-_BY_TYPE: dict[str, type[ApiError]] = {
-    "invalid_request": BadRequestError,
-    "unauthorized": AuthError,
-    "forbidden": ForbiddenError,
-    "not_found": NotFoundError,
-    "model_not_found": NotFoundError,
-    "conflict": ConflictError,
-    "payload_too_large": PayloadTooLargeError,
-    "rate_limited": RateLimitedError,
-    "service_unavailable": UnavailableError,
-}
-_BY_STATUS: dict[int, type[ApiError]] = {
-    400: BadRequestError,
-    401: AuthError,
-    403: ForbiddenError,
-    404: NotFoundError,
-    409: ConflictError,
-    413: PayloadTooLargeError,
-    429: RateLimitedError,
-    503: UnavailableError,
-}
+_TYPED: tuple[type[ApiError], ...] = (
+    BadRequestError,
+    AuthError,
+    ForbiddenError,
+    NotFoundError,
+    ConflictError,
+    PayloadTooLargeError,
+    RateLimitedError,
+    UnavailableError,
+)
+_BY_TYPE: dict[str, type[ApiError]] = {c.type: c for c in _TYPED} | {"model_not_found": NotFoundError}
+_BY_STATUS: dict[int, type[ApiError]] = {c.status: c for c in _TYPED}
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -19,7 +19,7 @@ import structlog
 from agl_lite.core.api import Endpoints
 from agl_lite.core.config import GatewayConfig, parse_dataclass
 from agl_lite.core.flow import Flow, error_response
-from agl_lite.core.hooks import Hook, all_hooks
+from agl_lite.core.hooks import all_hooks
 from agl_lite.core.registry import resolve_addon
 from agl_lite.core.routes import HttpRoute
 from agl_lite.core.services import LoadContext
@@ -159,9 +159,6 @@ class AddonManager:
             out.extend(routes)
         return out
 
-    def has(self, hook_name: str) -> bool:
-        return bool(self._handlers[hook_name])
-
     # --- lifecycle ---------------------------------------------------------------------------------------------
 
     async def load(self) -> None:
@@ -185,8 +182,7 @@ class AddonManager:
             await self._call_strict(h)
 
     async def shutdown(self) -> None:
-        for h in reversed(self._handlers["shutdown"]):
-            await self._call_contained(h, (), "shutdown")
+        await self._run(reversed(self._handlers["shutdown"]), None, "shutdown")
         await self.ctx.tasks.close()
 
     async def _call_strict(self, h: _Handler, *args: Any) -> None:
@@ -201,12 +197,6 @@ class AddonManager:
             raise ConfigError(f"addon {h.addon!r} failed to start: {exc!r}") from exc
 
     # --- per flow ----------------------------------------------------------------------------------------------
-
-    async def trigger(self, hook: Hook) -> None:
-        """Run a hook on every addon implementing it; failures are logged and contained."""
-        args = hook.args()
-        for h in self._handlers[hook.name]:
-            await self._call_contained(h, args, hook.name)
 
     async def request_headers(self, flow: Flow) -> None:
         """The `request_headers` hook: stops at the first addon that answers or fails, as `request` does."""
@@ -249,19 +239,12 @@ class AddonManager:
     async def flow_done(self, flow: Flow) -> None:
         await self._run(self._flow_done, flow, "flow_done")
 
-    async def _run(self, handlers: Iterable[_Handler], flow: Flow, hook: str) -> None:
+    async def _run(self, handlers: Iterable[_Handler], flow: Flow | None, hook: str) -> None:
+        """Every handler (of a flow, or none: `shutdown`); failures are logged and contained."""
         for h in handlers:
             try:
-                result = h.fn(flow)
+                result = h.fn() if flow is None else h.fn(flow)
                 if h.is_async:
                     await result
             except Exception as exc:
                 log.error("addon failed", addon=h.addon, hook=hook, error=repr(exc), exc_info=exc)
-
-    async def _call_contained(self, h: _Handler, args: tuple[Any, ...], hook: str) -> None:
-        try:
-            result = h.fn(*args)
-            if h.is_async:
-                await result
-        except Exception as exc:
-            log.error("addon failed", addon=h.addon, hook=hook, error=repr(exc), exc_info=exc)

@@ -30,8 +30,6 @@ __all__ = [
     "RunningHook",
     "ShutdownHook",
     "all_hooks",
-    "flow_hooks",
-    "lifecycle_hooks",
 ]
 
 all_hooks: dict[str, type[Hook]] = {}
@@ -40,10 +38,6 @@ all_hooks: dict[str, type[Hook]] = {}
 @dataclass
 class Hook:
     name: ClassVar[str]
-    lifecycle: ClassVar[bool] = False
-
-    def args(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -64,7 +58,6 @@ class LoadHook(Hook):
     """
 
     name = "load"
-    lifecycle = True
     ctx: LoadContext
 
 
@@ -76,7 +69,6 @@ class ConfigureHook(Hook):
     """
 
     name = "configure"
-    lifecycle = True
     config: GatewayConfig
     options: Any
 
@@ -86,7 +78,6 @@ class RunningHook(Hook):
     """Fires once the server is listening. Start background loops here with `ctx.tasks.spawn` (never bare tasks)."""
 
     name = "running"
-    lifecycle = True
 
 
 @dataclass
@@ -94,7 +85,6 @@ class ShutdownHook(Hook):
     """Fires once at shutdown, after the server stopped accepting requests; release resources here."""
 
     name = "shutdown"
-    lifecycle = True
 
 
 # --- per flow --------------------------------------------------------------------------------------------------
@@ -181,10 +171,6 @@ class FlowDoneHook(Hook):
 
     name = "flow_done"
     flow: Flow
-
-
-lifecycle_hooks = tuple(h for h in all_hooks.values() if h.lifecycle)
-flow_hooks = tuple(h for h in all_hooks.values() if not h.lifecycle)
 
 
 def reference_markdown() -> str:
