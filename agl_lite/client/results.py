@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agl_lite.store.records import Attempt, Rollout
+from agl_lite.store.records import Attempt, Rollout, shallow_json
 
 __all__ = ["AttemptEnv", "GatewayState", "StartedAttempt", "WaitResult"]
 
@@ -36,14 +36,7 @@ class GatewayState:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "paused": self.paused,
-            "mode": self.mode,
-            "hold_timeout_s": self.hold_timeout_s,
-            "in_flight": self.in_flight,
-            "held": self.held,
-            "paused_since": self.paused_since,
-        }
+        return shallow_json(self)
 
 
 @dataclass(slots=True)

@@ -31,6 +31,7 @@ __all__ = [
     "RolloutConfig",
     "RolloutStatus",
     "label_problem",
+    "shallow_json",
 ]
 
 
@@ -94,6 +95,17 @@ class CallOutcome(StrEnum):
     closed."""
 
 
+def shallow_json(obj: Any, cls: Any = None, **values: Any) -> dict[str, Any]:
+    """A dataclass's fields as JSON-able data, in declaration order (`cls`: only its fields, not a subclass's), with
+    `values` in place of some. Shallow: `dataclasses.asdict` deep-copies every nested value, which showed in the
+    profiles."""
+    names = (cls or type(obj)).__dataclass_fields__  # (`dataclasses.fields` costs twice as much)
+    out = {name: getattr(obj, name) for name in names}
+    if values:
+        out.update(values)
+    return out
+
+
 @dataclass(slots=True)
 class RolloutConfig:
     max_attempts: int = 1
@@ -134,35 +146,9 @@ class Rollout:
     """FIFO order of claims."""
 
     def to_json(self, *, with_metadata: bool = True) -> dict[str, Any]:
-        # by hand, not dataclasses.asdict: asdict deep-copies input and metadata, which showed in the profiles
-        c = self.config
-        out: dict[str, Any] = {
-            "id": self.id,
-            "input": self.input,
-            "mode": self.mode,
-            "status": self.status,
-            "config": {
-                "max_attempts": c.max_attempts,
-                "timeout_s": c.timeout_s,
-                "trust_agent_rewards": c.trust_agent_rewards,
-                "token_budget": c.token_budget,
-                "runner": c.runner,
-                "grader": c.grader,
-            },
-            "group_id": self.group_id,
-            "resources_version": self.resources_version,
-            "created_at": self.created_at,
-            "started_at": self.started_at,
-            "ended_at": self.ended_at,
-            "reward": self.reward,
-            "completion_seq": self.completion_seq,
-            "runner_id": self.runner_id,
-            "attempt_count": self.attempt_count,
-            "message": self.message,
-            "enqueue_seq": self.enqueue_seq,
-        }
-        if with_metadata:
-            out["metadata"] = self.metadata
+        out = shallow_json(self, Rollout, config=shallow_json(self.config))
+        if not with_metadata:
+            del out["metadata"]
         return out
 
 
@@ -181,17 +167,9 @@ class Attempt:
     """Wall-clock time after which the runner should stop it (started_at + the rollout's timeout_s)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "rollout_id": self.rollout_id,
-            "seq": self.seq,
-            "status": self.status,
-            "exit_code": self.exit_code,
-            "message": self.message,
-            "started_at": self.started_at,
-            "ended_at": self.ended_at,
-            "deadline": self.deadline,
-        }
+        return shallow_json(
+            self, Attempt
+        )  # (not a subclass's fields: the client's StartedAttempt adds its env)
 
 
 @dataclass(slots=True)
@@ -207,15 +185,7 @@ class Event:
     created_at: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "rollout_id": self.rollout_id,
-            "seq": self.seq,
-            "kind": self.kind,
-            "data": self.data,
-            "attempt_id": self.attempt_id,
-            "source": self.source,
-            "created_at": self.created_at,
-        }
+        return shallow_json(self)
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from agl_lite.store.records import CallOutcome, ChoiceRecord, Event, LLMCall, Rollout
+from agl_lite.store.records import CallOutcome, ChoiceRecord, Event, LLMCall, Rollout, shallow_json
 from agl_lite.store.rules import REWARD_KIND, Store
 
 __all__ = [
@@ -62,11 +62,7 @@ class TripletOptions:
     """The reward of a rollout that has none (such rollouts are flagged, never silently rewarded)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "attempts": self.attempts.value,
-            "reward_policy": self.reward_policy.value,
-            "missing_reward": self.missing_reward,
-        }
+        return shallow_json(self, attempts=self.attempts.value, reward_policy=self.reward_policy.value)
 
 
 @dataclass(slots=True, eq=False)
@@ -102,28 +98,12 @@ class Triplet:
     """`assistant:digest` of this choice as the message an agent would send back."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "rollout_id": self.rollout_id,
-            "attempt_id": self.attempt_id,
-            "call_id": self.call_id,
-            "order_key": self.order_key,
-            "turn": self.turn,
-            "response_id": self.response_id,
-            "choice": self.choice,
-            "model": self.model,
-            "model_version": self.model_version,
-            "sampling": self.sampling,
-            "group_id": self.group_id,
-            "prompt_ids": self.prompt_ids.tolist(),
-            "response_ids": self.response_ids.tolist(),
-            "logprobs": None if self.logprobs is None else self.logprobs.tolist(),
-            "reward": self.reward,
-            "step_reward": self.step_reward,
-            "text": self.text,
-            "finish_reason": self.finish_reason,
-            "conversation": self.conversation,
-            "reply": self.reply,
-        }
+        return shallow_json(
+            self,
+            prompt_ids=self.prompt_ids.tolist(),
+            response_ids=self.response_ids.tolist(),
+            logprobs=None if self.logprobs is None else self.logprobs.tolist(),
+        )
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Triplet:
@@ -179,17 +159,7 @@ class RolloutTriplets:
     missing or short)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "rollout_id": self.rollout_id,
-            "group_id": self.group_id,
-            "status": self.status,
-            "mode": self.mode,
-            "reward": self.reward,
-            "reward_source": self.reward_source,
-            "attempt_ids": self.attempt_ids,
-            "skipped": self.skipped,
-            "triplets": [t.to_json() for t in self.triplets],
-        }
+        return shallow_json(self, triplets=[t.to_json() for t in self.triplets])
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> RolloutTriplets:
