@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
+from agl_lite.core.jsoncodec import loads_or_none
 from agl_lite.store.records import LLMCall
 
 __all__ = ["CLIENT_VIEW", "ClientView", "apply_client_view"]
@@ -36,10 +35,7 @@ def apply_client_view(record: LLMCall, view: ClientView | None) -> None:
     if view is None:
         return
     record.upstream_request = record.request
-    try:
-        record.request = orjson.loads(view.request) if view.request else None
-    except orjson.JSONDecodeError:
-        record.request = None
+    record.request = loads_or_none(view.request)
     record.api = view.api
     if view.client_id is not None:
         record.client_id = view.client_id

@@ -17,6 +17,7 @@ from agl_lite.capture.assemble import Assembly, Collector, error_message
 from agl_lite.capture.client_view import ClientView, apply_client_view
 from agl_lite.capture.strip import Strip
 from agl_lite.core.flow import Flow, Request
+from agl_lite.core.jsoncodec import loads_or_none
 from agl_lite.core.routes import RouteKind
 from agl_lite.errors import HttpError, ShuttingDown
 from agl_lite.store.records import CallOutcome, LLMCall
@@ -149,7 +150,7 @@ def record_of(flow: Flow, call: CallState, view: ClientView | None) -> LLMCall |
 
 def _bare(flow: Flow, call: CallState, outcome: CallOutcome, error: str | None) -> LLMCall:
     md = flow.metadata
-    request = _loads(call.original)
+    request = loads_or_none(call.original)
     requested = md.get("route.requested_model")
     if requested is None and isinstance(request, dict) and isinstance(request.get("model"), str):
         requested = request["model"]
@@ -242,17 +243,8 @@ def _storable(value: Any) -> bool:
     return True
 
 
-def _loads(raw: bytes) -> Any:
-    if not raw:
-        return None
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-
-
 def _short_error(body: bytes | None) -> str | None:
-    obj = _loads(body or b"")
+    obj = loads_or_none(body or b"")
     if isinstance(obj, dict) and obj.get("error") is not None:
         return error_message(obj["error"])
     return None

@@ -29,6 +29,7 @@ __all__ = [
     "dumps",
     "has_non_finite",
     "loads",
+    "loads_or_none",
     "loads_storable",
     "parse",
     "with_members",
@@ -47,6 +48,16 @@ _RISKY_RUN = b"0" * 19
 def loads(body: bytes) -> Any:
     """The body as Python (and so vLLM) reads it, within the depth bound; any problem is a 400 that says which."""
     return parse(body)[0]
+
+
+def loads_or_none(raw: bytes | None) -> Any:
+    """`raw` parsed by orjson, or None when it is empty or not JSON (an answer to read what it can of)."""
+    if not raw:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
 
 
 def parse(body: bytes) -> tuple[Any, bool]:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agl_lite.core.jsoncodec import MAX_JSON_DEPTH, check_json_depth, loads, loads_storable
+from agl_lite.core.jsoncodec import MAX_JSON_DEPTH, check_json_depth, loads, loads_or_none, loads_storable
 from agl_lite.errors import BadRequest
 
 
@@ -105,3 +105,11 @@ def test_an_integer_the_store_would_change_is_refused_not_stored_as_a_float(numb
 @pytest.mark.parametrize("body", [b'{"x": 18446744073709551615}', b'{"id": "12345678901234567890123"}'])
 def test_what_fits_64_bits_and_long_digit_strings_are_read_as_they_are(body: bytes) -> None:
     assert loads_storable(body) == json.loads(body)
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [(None, None), (b"", None), (b"{oops", None), (b'{"a": [1]}', {"a": [1]}), (b"null", None)],
+)
+def test_loads_or_none_reads_what_is_json_and_nothing_else(raw: bytes | None, want: Any) -> None:
+    assert loads_or_none(raw) == want

@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 
+from agl_lite.core.jsoncodec import loads_or_none
+
 __all__ = ["error_body", "error_event", "error_status", "error_type", "reshape_error"]
 
 _TYPES = {
@@ -66,10 +68,7 @@ def error_status(obj: Any, default: int) -> int:
 
 def reshape_error(status: int, body: bytes | None) -> bytes:
     """An error body of the gateway or the upstream as an Anthropic error object, keeping its message."""
-    try:
-        obj = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
-        obj = None
+    obj = loads_or_none(body)
     message = _message(obj)
     if message is None:
         text = (body or b"").decode("utf-8", "replace").strip()

@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 
+from agl_lite.core.jsoncodec import loads_or_none
+
 __all__ = ["model_info", "models_list"]
 
 
@@ -29,10 +31,7 @@ def _card(model: dict[str, Any]) -> dict[str, Any] | None:
 
 def models_list(body: bytes | None) -> bytes | None:
     """`{"data": [ModelInfo...], "has_more", "first_id", "last_id"}`; None if `body` is not an OpenAI list."""
-    try:
-        obj = orjson.loads(body or b"")
-    except orjson.JSONDecodeError:
-        return None
+    obj = loads_or_none(body)
     data = obj.get("data") if isinstance(obj, dict) else None
     if not isinstance(data, list):
         return None
@@ -49,9 +48,6 @@ def models_list(body: bytes | None) -> bytes | None:
 
 def model_info(body: bytes | None) -> bytes | None:
     """One ModelInfo (`GET /v1/models/{model_id}`); None if `body` is not an OpenAI model card."""
-    try:
-        obj = orjson.loads(body or b"")
-    except orjson.JSONDecodeError:
-        return None
+    obj = loads_or_none(body)
     card = _card(obj) if isinstance(obj, dict) else None
     return orjson.dumps(card) if card is not None else None

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from agl_lite.capture.client_view import ClientView
+from agl_lite.core.jsoncodec import loads_or_none
 from agl_lite.errors import HttpError
 from agl_lite.translate.anthropic.errors import error_event, error_status, reshape_error
 from agl_lite.translate.anthropic.message import MessageBuilder
@@ -116,10 +117,7 @@ def _delta(b: MessageBuilder, delta: dict[str, Any]) -> None:
 
 def message_body(raw: bytes, builder: MessageBuilder, view: ClientView) -> bytes:
     """A whole chat completion (choice 0) as the Anthropic message; the view gets the message too."""
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        obj = None
+    obj = loads_or_none(raw)
     choices = obj.get("choices") if isinstance(obj, dict) else None
     choice = next((c for c in choices or () if isinstance(c, dict) and c.get("index", 0) == 0), None)
     if not isinstance(obj, dict) or choice is None:
@@ -146,10 +144,7 @@ def message_body(raw: bytes, builder: MessageBuilder, view: ClientView) -> bytes
 
 def token_count_body(raw: bytes) -> bytes:
     """vLLM's `/tokenize` answer as Anthropic's `{"input_tokens": N}`."""
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        obj = None
+    obj = loads_or_none(raw)
     count = obj.get("count") if isinstance(obj, dict) else None
     if not isinstance(count, int) and isinstance(obj, dict) and isinstance(obj.get("tokens"), list):
         count = len(obj["tokens"])

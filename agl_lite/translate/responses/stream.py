@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from agl_lite.capture.client_view import ClientView
+from agl_lite.core.jsoncodec import loads_or_none
 from agl_lite.errors import HttpError
 from agl_lite.translate.chunks import ChatChunks
 from agl_lite.translate.responses.builder import Event, ResponseBuilder
@@ -37,10 +38,7 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 def reshape_error(status: int, body: bytes | None) -> bytes:
     """An error answer (the gateway's own, or the upstream's) in the Responses API's shape, its message kept."""
-    try:
-        obj = orjson.loads(body or b"")
-    except orjson.JSONDecodeError:
-        obj = None
+    obj = loads_or_none(body)
     err = obj.get("error") if isinstance(obj, dict) else None
     code = None
     if isinstance(err, dict):
@@ -125,10 +123,7 @@ class StreamTranslator:
 
 def response_body(raw: bytes, builder: ResponseBuilder, view: ClientView) -> bytes:
     """A whole chat completion (choice 0) as the Response; the view gets the Response too."""
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        obj = None
+    obj = loads_or_none(raw)
     if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list) or not obj["choices"]:
         return error_body(502, "the upstream's answer is not a chat completion")
     view.response = builder.whole(obj)
