@@ -93,7 +93,9 @@ prepare() {
 server_args() {
     # --dtype float32: the model is small, and float32 needs no AVX512-BF16 from the CPU.
     printf '%s\n' -m vllm.entrypoints.openai.api_server --model "$SMOLLM2_DIR" --served-model-name "$VLLM_MODEL" \
-        --host 127.0.0.1 --port "$VLLM_PORT" --max-model-len "$VLLM_MAX_MODEL_LEN" --dtype float32
+        --host 127.0.0.1 --port "$VLLM_PORT" --max-model-len "$VLLM_MAX_MODEL_LEN" --dtype float32 \
+        --enable-auto-tool-choice --tool-call-parser hermes
+    # (tools: a request with tools and no tool_choice is "auto" to vLLM, refused without a tool-call parser)
     # Eager by default: vLLM's CPU backend otherwise compiles the model with torch inductor (a C++ build) at every
     # start; on 2 busy cores that took over 8 minutes here, while eager generation of a 135M model is quick.
     [ "${VLLM_CPU_COMPILE:-0}" = 1 ] || printf '%s\n' --enforce-eager
