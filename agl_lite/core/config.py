@@ -6,6 +6,7 @@ Every field has a default and a doc (`option(default, doc)`), from which docs/co
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import enum
@@ -227,6 +228,10 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {value!r}" if not isinstance(value, dict | list) else type(value).__name__
 
 
+_SCALARS: dict[Any, Any] = {bool: bool, int: int, float: int | float, str: str}
+"""What a config value of each scalar type may be given as."""
+
+
 def _convert(tp: Any, value: Any, *, file: str, where: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -236,14 +241,10 @@ def _convert(tp: Any, value: Any, *, file: str, where: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _convert(arg, value, file=file, where=where)
-            except ConfigError as exc:
-                errors.append(exc)
+            if arg is not type(None):
+                with contextlib.suppress(ConfigError):
+                    return _convert(arg, value, file=file, where=where)
         raise bad
     if origin is Literal:
         if value in args:
@@ -257,22 +258,11 @@ def _convert(tp: Any, value: Any, *, file: str, where: str) -> Any:
         except ValueError:
             choices = ", ".join(repr(m.value) for m in tp)
             raise ConfigError(f"{file}: {where} must be one of {choices}, got {value!r}") from None
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise bad
-    if tp is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        raise bad
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise bad
+    if tp in _SCALARS:
+        # (bool is an int to Python, not to a config file)
+        if not isinstance(value, _SCALARS[tp]) or (tp is not bool and isinstance(value, bool)):
+            raise bad
+        return float(value) if tp is float else value
     if origin is tuple:
         if not isinstance(value, list | tuple):
             raise bad

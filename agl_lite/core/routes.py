@@ -87,11 +87,6 @@ class HttpRoute:
     errors: str = field(default="Error", compare=False)
     """The OpenAPI schema its errors follow: the gateway's own, or a translated API's (`OpenAIError`)."""
 
-    @property
-    def attributed(self) -> bool:
-        """Whether the path carries a rollout (and attempt) id."""
-        return "{rollout_id}" in self.path
-
 
 @dataclass(frozen=True, slots=True)
 class RouteMatch:

@@ -491,8 +491,8 @@ class Gateway:
             if not out.prepared:
                 await out.prepare(request)
             flow.bytes_to_client += len(frame)
-            await _write_quietly(out, frame)
-            await _write_eof_quietly(out)
+            with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+                await out.write_eof(frame)
         elif not out.prepared:
             flow.response = error_response(err)
             return await self._send_short(request, flow, end_hooks=False)
@@ -536,16 +536,13 @@ def _refusal(transforms: list[Transform], err: HttpError, *, flushed: bool) -> b
         return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
 
 
-def _apply(transforms: list[Transform], data: bytes) -> bytes:
-    for t in transforms:
-        data = t(data)
-    return data
-
-
 def _through(transforms: list[Transform], event: bytes) -> bytes:
     """`event` and then the end of the body through the transforms; the raw event if one of them fails."""
     try:
-        return _apply(transforms, event) + flush_transforms(transforms)
+        out = event
+        for t in transforms:
+            out = t(out)
+        return out + flush_transforms(transforms)
     except Exception as exc:  # a transform that cannot take the error must not hide it from the client
         log.error("a transform failed on the in-band error event", error=repr(exc), exc_info=exc)
         return event
@@ -566,16 +563,6 @@ class _MalformedRequests(logging.Filter):
 
 _PROTOCOL_LOG = logging.getLogger("agl_lite.http")
 _PROTOCOL_LOG.addFilter(_MalformedRequests())
-
-
-async def _write_quietly(out: web.StreamResponse, data: bytes) -> None:
-    with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
-        await out.write(data)
-
-
-async def _write_eof_quietly(out: web.StreamResponse) -> None:
-    with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
-        await out.write_eof()
 
 
 class _RelayResponse(web.StreamResponse):
