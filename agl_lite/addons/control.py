@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
 from agl_lite.core.api import Call, Endpoints, Param
 from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.flow import Flow
+from agl_lite.core.prom import gauges
 from agl_lite.core.routes import RouteKind, Scope
 from agl_lite.core.services import METRICS_REGISTRY, LoadContext, Services
 from agl_lite.errors import ConfigError, ServiceUnavailable, TooManyRequests
@@ -122,15 +124,7 @@ class Control:
         if options is not None:  # None when added as an instance (tests): keep the constructor's
             self.options = options
         o = self.options
-        values = (
-            o.hold_timeout_s,
-            o.retry_after_s,
-            o.max_wait_s,
-            o.max_in_flight,
-            o.max_held,
-            o.busy_retry_after_s,
-        )
-        if not all(v >= 0 for v in values):  # (a NaN fails too)
+        if not all(getattr(o, f.name) >= 0 for f in dataclasses.fields(o)):  # (a NaN fails too)
             raise ConfigError(
                 f"{config.source}: addons.control: hold_timeout_s, retry_after_s, max_wait_s, max_in_flight, "
                 "max_held and busy_retry_after_s must be >= 0"
@@ -138,19 +132,18 @@ class Control:
         # Looked up here, not in load: the metrics addon may come later in the chain.
         registry = self._services.get(METRICS_REGISTRY) if self._services is not None else None
         if registry is not None:
-            Gauge("agl_gateway_paused", "1 while LLM calls are paused.", registry=registry).set_function(
-                lambda: float(self.paused)
+            gauges(
+                registry,
+                agl_gateway_paused=("1 while LLM calls are paused.", lambda: float(self.paused)),
+                agl_gateway_held_requests=(
+                    "LLM calls held by a pause, waiting for resume.",
+                    lambda: float(self.held),
+                ),
+                agl_gateway_in_flight_requests=(
+                    "LLM calls admitted by control and not done (what max_in_flight caps).",
+                    lambda: float(self.in_flight),
+                ),
             )
-            Gauge(
-                "agl_gateway_held_requests",
-                "LLM calls held by a pause, waiting for resume.",
-                registry=registry,
-            ).set_function(lambda: float(self.held))
-            Gauge(
-                "agl_gateway_in_flight_requests",
-                "LLM calls admitted by control and not done (what max_in_flight caps).",
-                registry=registry,
-            ).set_function(lambda: float(self.in_flight))
             self._busy_counter = Counter(
                 "agl_gateway_busy_refusals",
                 "LLM calls refused with 503 because max_in_flight calls were in flight.",

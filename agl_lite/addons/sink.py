@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import structlog
-from prometheus_client import Gauge
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.flow import Flow
-from agl_lite.core.prom import Histogram, histogram_family
+from agl_lite.core.prom import Histogram, gauges, histogram_family
 from agl_lite.core.services import METRICS_REGISTRY, LoadContext
 from agl_lite.errors import HttpError
 from agl_lite.store.records import LLMCall
@@ -73,19 +72,24 @@ class Sink:
         self._latency: Histogram | None = None
         registry = self._ctx.services.get(METRICS_REGISTRY)
         if registry is not None:
-            queue = Gauge(
-                "agl_store_write_queue_depth", "Writes waiting for the store's writer.", registry=registry
-            )
-            queue.set_function(lambda: float(getattr(self.store, "queue_depth", 0)))
             # commits / writes = how well group commit batches (SQLite; the memory store has no commits)
-            commits = Gauge(
-                "agl_store_commits", "Transactions the store's writer committed.", registry=registry
+            gauges(
+                registry,
+                agl_store_write_queue_depth=(
+                    "Writes waiting for the store's writer.",
+                    lambda: self._stat("queue_depth"),
+                ),
+                agl_store_commits=(
+                    "Transactions the store's writer committed.",
+                    lambda: self._stat("commits"),
+                ),
+                agl_store_writes=("Writes the store's writer committed.", lambda: self._stat("ops")),
             )
-            commits.set_function(lambda: float(getattr(self.store, "commits", 0)))
-            writes = Gauge("agl_store_writes", "Writes the store's writer committed.", registry=registry)
-            writes.set_function(lambda: float(getattr(self.store, "ops", 0)))
             self._latency = Histogram(COMMIT_BUCKETS)  # observed per call: plain numbers (`core.prom`)
             registry.register(_CommitLatency(self._latency))
+
+    def _stat(self, name: str) -> float:
+        return float(getattr(self.store, name, 0))
 
     async def response_end(self, flow: Flow) -> None:
         failed = await self._commit(flow)

@@ -1,4 +1,4 @@
-"""Tokens: token accounting per rollout, model and key, and the optional per-rollout token budget.
+"""Tokens: token accounting per rollout, and the optional per-rollout token budget (per model: `metrics`).
 
 Counts come from the upstream's `usage` on each captured call (`capture.record`), or from the ids received when a
 stream was cut before its usage arrived. A rollout whose `config.token_budget` is spent gets 429 before the
@@ -9,7 +9,6 @@ kept by the store's own writes), so a restart keeps it and no call pays for the 
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from agl_lite.core.config import GatewayConfig, option
@@ -18,7 +17,6 @@ from agl_lite.core.flow import Flow
 from agl_lite.core.routes import RouteKind
 from agl_lite.core.services import LoadContext
 from agl_lite.errors import TooManyRequests
-from agl_lite.store.records import LLMCall
 from agl_lite.store.rules import STORE, Store
 
 __all__ = ["Tokens"]
@@ -35,10 +33,6 @@ class Tokens:
         )
 
     def __init__(self) -> None:
-        self.by_model: Counter[tuple[str, str]] = Counter()
-        """(model, kind) → tokens, kind `prompt` or `completion`."""
-        self.by_role: Counter[str] = Counter()
-        """Key role (admin, agent) → tokens."""
         self._budgets: dict[str, int | None] = {}
         self.store: Store | None = None
 
@@ -66,13 +60,3 @@ class Tokens:
             raise TooManyRequests(f"rollout {rollout_id!r} has used its token budget of {budget}")
         if flow.metadata.get("auth.role") is not KeyRole.ADMIN:
             await self.store.check_quota(rollout_id)  # its storage too: an agent cannot fill the disk
-
-    def flow_done(self, flow: Flow) -> None:
-        call = flow.metadata.get("capture.record")
-        if not isinstance(call, LLMCall):
-            return
-        prompt, completion = call.tokens()
-        model = call.model or "unknown"
-        self.by_model[(model, "prompt")] += prompt
-        self.by_model[(model, "completion")] += completion
-        self.by_role[str(flow.metadata.get("auth.role", "unknown"))] += prompt + completion

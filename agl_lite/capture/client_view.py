@@ -39,8 +39,7 @@ def apply_client_view(record: LLMCall, view: ClientView | None) -> None:
     record.api = view.api
     if view.client_id is not None:
         record.client_id = view.client_id
-        if (
-            view.api == "responses"
-        ):  # stored under its response id: GET /v1/responses/{id}, previous_response_id
+        # stored under its response id: GET /v1/responses/{id}, previous_response_id
+        if view.api == "responses":
             record.id = view.client_id
     record.client_response = view.response

@@ -339,9 +339,8 @@ class _Connection(asyncio.Protocol):
                 self.transport.close()
 
     def on_body(self, body: bytes) -> None:
-        self._parts.append(
-            body
-        )  # handed to the body once per read (a read holds many SSE events, one chunk each)
+        # handed to the body once per read (a read holds many SSE events, one chunk each)
+        self._parts.append(body)
 
     def _flush_parts(self) -> None:
         parts, self._parts = self._parts, []

@@ -8,12 +8,13 @@ prometheus-client still writes the exposition.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-__all__ = ["Histogram", "counter_family", "histogram_family"]
+__all__ = ["Histogram", "counter_family", "gauges", "histogram_family"]
 
 
 class Histogram:
@@ -51,3 +52,9 @@ def histogram_family(
             buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
         family.add_metric(list(values), buckets, h.sum)
     return family
+
+
+def gauges(registry: CollectorRegistry, **read: tuple[str, Callable[[], float]]) -> None:
+    """Gauges whose value is read when scraped: `name=(doc, read)` each."""
+    for name, (doc, fn) in read.items():
+        Gauge(name, doc, registry=registry).set_function(fn)

@@ -156,9 +156,8 @@ class RouteTable:
                 by_method, params = hit
             else:
                 for regex, candidates in self._dynamic:
-                    m = regex.fullmatch(
-                        path
-                    )  # not `match` with `$`: that takes a path with a trailing newline
+                    # not `match` with `$`: that takes a path with a trailing newline
+                    m = regex.fullmatch(path)
                     if m is not None:
                         by_method, params = candidates, MappingProxyType(m.groupdict())
                         break

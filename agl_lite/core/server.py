@@ -372,9 +372,8 @@ class Gateway:
                     for t in transforms:
                         chunk = t(chunk)
                 if response.is_event_stream:
-                    if (
-                        ended
-                    ):  # after [DONE]: nothing but the end of the stream (and no more than a line of it)
+                    # after [DONE]: nothing but the end of the stream (and no more than a line of it)
+                    if ended:
                         if len(pending or b"") < cap:
                             pending = (pending or b"") + chunk[: cap - len(pending or b"")]
                         continue

@@ -147,9 +147,8 @@ def serve(ctl: socket.socket, settings: dict[str, Any]) -> NoReturn:
     failed = {}
     for name in settings.get("preload", []):
         try:
-            if name.endswith(
-                ".py"
-            ):  # a warm-up script: exercises what every step uses (lazy imports, caches)
+            # a warm-up script: exercises what every step uses (lazy imports, caches)
+            if name.endswith(".py"):
                 runpy.run_path(name, run_name="__agl_lite_warmup__")
             else:
                 importlib.import_module(name)

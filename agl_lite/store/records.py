@@ -167,9 +167,8 @@ class Attempt:
     """Wall-clock time after which the runner should stop it (started_at + the rollout's timeout_s)."""
 
     def to_json(self) -> dict[str, Any]:
-        return shallow_json(
-            self, Attempt
-        )  # (not a subclass's fields: the client's StartedAttempt adds its env)
+        # (not a subclass's fields: the client's StartedAttempt adds its env)
+        return shallow_json(self, Attempt)
 
 
 @dataclass(slots=True)

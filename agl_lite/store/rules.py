@@ -175,9 +175,8 @@ class Store:
 
     def __init__(self) -> None:
         self._completed = asyncio.Event()  # replaced after each set: waiters hold the one they saw
-        self._enqueued = (
-            asyncio.Event()
-        )  # likewise, for runners in this process (claim on enqueue, not polling)
+        # likewise, for runners in this process (claim on enqueue, not polling)
+        self._enqueued = asyncio.Event()
         self.completion_waiters = 0
         """Long-polls now waiting for a completion (metrics, and tests that must know one is waiting)."""
         self._status: dict[str, RolloutStatus] = {}
@@ -568,9 +567,8 @@ class Store:
 
         def op(repo: Repo) -> int:
             rid = call.rollout_id
-            status = (
-                repo.rollout_state(rid) if rid is not None else None
-            )  # (no decode of the rollout: per call)
+            # (no decode of the rollout: per call)
+            status = repo.rollout_state(rid) if rid is not None else None
             # A call still in flight when its rollout ended: its record is kept, out of the finished trajectory.
             call.late = status is not None and status.terminal
             event = None

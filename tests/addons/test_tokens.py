@@ -75,11 +75,6 @@ async def test_usage_is_counted_per_rollout_and_model(setup: Setup) -> None:
     again = await agent.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=5)  # type: ignore[arg-type]
     assert again.usage is not None
     assert await setup.tokens.used("r1") == done.usage.total_tokens + again.usage.total_tokens
-    assert (
-        setup.tokens.by_model[("smollm2", "completion")]
-        == done.usage.completion_tokens + again.usage.completion_tokens
-    )
-    assert setup.tokens.by_role["agent"] == done.usage.total_tokens + again.usage.total_tokens
 
 
 async def test_spent_budget_gets_429_before_the_upstream(setup: Setup) -> None:
