@@ -9,7 +9,7 @@ from typing import Any
 from agl_lite import __version__
 from agl_lite.core.routes import HttpRoute, RouteKind, Scope, path_params, path_template
 
-__all__ = ["JSON_VALUE", "bound_free_form", "document"]
+__all__ = ["JSON_VALUE", "JSON_VALUE_REF", "document"]
 
 ERROR = {
     "type": "object",
@@ -49,7 +49,7 @@ OPENAI_ERROR = {
 }
 """The errors of a translated OpenAI API (the Responses API): OpenAI's shape, a string `code`."""
 
-_JSON_VALUE = "#/components/schemas/JsonValue"
+JSON_VALUE_REF = "#/components/schemas/JsonValue"
 JSON_VALUE = {
     "description": "Any JSON value whose integers fit 64 bits (the store keeps numbers as they came; a wider "
     "integer is a 400: send it as a string).",
@@ -59,42 +59,11 @@ JSON_VALUE = {
         {"type": "string"},
         {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1},
         {"type": "number", "not": {"type": "integer"}},
-        {"type": "array", "items": {"$ref": _JSON_VALUE}},
-        {"type": "object", "additionalProperties": {"$ref": _JSON_VALUE}},
+        {"type": "array", "items": {"$ref": JSON_VALUE_REF}},
+        {"type": "object", "additionalProperties": {"$ref": JSON_VALUE_REF}},
     ],
 }
 """What the payloads' free-form fields (`input`, `metadata`, `data`, ...) take."""
-_TYPED = frozenset({"type", "$ref", "anyOf", "oneOf", "allOf", "enum", "const", "not"})
-
-
-def bound_free_form(node: Any) -> Any:
-    """`node` (the document, or any part of it) with each free-form subschema (pydantic's `Any`: no type at all;
-    `dict[str, Any]`'s `additionalProperties: true`) bound to `JsonValue`, the values the API takes there.
-
-    The served document leaves free-form fields free (a generator of invalid cases cannot tell an `anyOf` of every
-    JSON type from a constraint); a generator of valid cases uses this form, so that it does not send integers
-    past 64 bits, which are refused."""
-    if isinstance(node, list):
-        return [bound_free_form(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key == "properties" and isinstance(value, dict):
-            out[key] = {name: _as_value_schema(sub) for name, sub in value.items()}
-        elif key in ("items", "additionalProperties"):
-            out[key] = {"$ref": _JSON_VALUE} if value is True else _as_value_schema(value)
-        elif key in ("anyOf", "oneOf", "allOf") and isinstance(value, list):
-            out[key] = [_as_value_schema(sub) for sub in value]
-        else:
-            out[key] = bound_free_form(value)
-    return out
-
-
-def _as_value_schema(sub: Any) -> Any:
-    if isinstance(sub, dict) and not _TYPED & sub.keys():
-        return {**sub, "$ref": _JSON_VALUE}
-    return bound_free_form(sub)
 
 
 def document(routes: Iterable[HttpRoute]) -> dict[str, Any]:

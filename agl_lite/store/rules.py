@@ -189,6 +189,10 @@ class Store:
         self._bytes: dict[str, int] = {}  # likewise: bytes stored per rollout
         self._bytes_reads: dict[str, asyncio.Future[int]] = {}
 
+    def _check_limit(self, limit: int, least: int) -> None:
+        if not least <= limit <= self.max_batch:
+            raise BadRequest(f"limit must be between {least} and {self.max_batch}")
+
     # --- what a backend provides ---------------------------------------------------------------------------------
 
     async def _write(self, fn: Callable[[Repo], T]) -> T:
@@ -255,14 +259,10 @@ class Store:
         return self._enqueued
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
-        rollout = await self._read(lambda repo: repo.get_rollout(rollout_id))
-        if rollout is None:
-            raise NotFound(f"rollout {rollout_id!r} not found")
-        return rollout
+        return await self._read(lambda repo: _rollout(repo, rollout_id))
 
     async def list_rollouts(self, flt: RolloutFilter = RolloutFilter()) -> list[Rollout]:
-        if not 1 <= flt.limit <= self.max_batch:
-            raise BadRequest(f"limit must be between 1 and {self.max_batch}")
+        self._check_limit(flt.limit, 1)
         return await self._read(lambda repo: repo.list_rollouts(flt))
 
     async def cancel(self, rollout_id: str, message: str | None = None) -> Rollout:
@@ -311,9 +311,7 @@ class Store:
 
     @staticmethod
     def _transition(repo: Repo, rollout_id: str, status: RolloutStatus, message: str | None) -> Rollout:
-        rollout = repo.get_rollout(rollout_id)
-        if rollout is None:
-            raise NotFound(f"rollout {rollout_id!r} not found")
+        rollout = _rollout(repo, rollout_id)
         if status not in ROLLOUT_NEXT[rollout.status]:
             raise Conflict(
                 f"rollout {rollout_id!r} is {rollout.status.value}; it cannot become {status.value}"
@@ -332,8 +330,7 @@ class Store:
 
     async def claim(self, runner_id: str, limit: int) -> list[Rollout]:
         """Move up to `limit` queued rollouts (oldest first) to running, owned by `runner_id`."""
-        if not 1 <= limit <= self.max_batch:
-            raise BadRequest(f"limit must be between 1 and {self.max_batch}")
+        self._check_limit(limit, 1)
 
         def op(repo: Repo) -> list[Rollout]:
             now = time.time()
@@ -358,8 +355,7 @@ class Store:
     async def completed(self, after: int, limit: int = 100, wait: float = 0.0) -> tuple[list[Rollout], int]:
         """Terminal rollouts past the cursor `after` and the next cursor; waits up to `wait` s for one to appear.
         `limit=0` returns no rollouts and the head of the cursor, where a follower of new completions starts."""
-        if not 0 <= limit <= self.max_batch:
-            raise BadRequest(f"limit must be between 0 and {self.max_batch}")
+        self._check_limit(limit, 0)
         if after < 0 or wait < 0:
             raise BadRequest("after and wait must not be negative")
         if limit == 0:
@@ -420,9 +416,7 @@ class Store:
         aid = _check_id("attempt", attempt_id) if attempt_id is not None else uuid.uuid4().hex
 
         def op(repo: Repo) -> Attempt:
-            rollout = repo.get_rollout(rollout_id)
-            if rollout is None:
-                raise NotFound(f"rollout {rollout_id!r} not found")
+            rollout = _rollout(repo, rollout_id)
             existing = repo.get_attempt(rollout_id, aid)
             if existing is not None:
                 return existing
@@ -506,9 +500,7 @@ class Store:
             await self.check_quota(rollout_id)
 
         def op(repo: Repo) -> tuple[list[Event], int]:
-            rollout = repo.get_rollout(rollout_id)
-            if rollout is None:
-                raise NotFound(f"rollout {rollout_id!r} not found")
+            rollout = _rollout(repo, rollout_id)
             now = time.time()
             seq = repo.last_event_seq(rollout_id)
             out = []
@@ -717,6 +709,13 @@ class Store:
 
     async def models(self) -> list[ModelRecord]:
         return await self._read(lambda repo: repo.models())
+
+
+def _rollout(repo: Repo, rollout_id: str) -> Rollout:
+    rollout = repo.get_rollout(rollout_id)
+    if rollout is None:
+        raise NotFound(f"rollout {rollout_id!r} not found")
+    return rollout
 
 
 def _reward_value(spec: EventSpec) -> float:

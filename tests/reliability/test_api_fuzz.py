@@ -30,7 +30,7 @@ from schemathesis.core.parameters import ParameterLocation
 
 from agl_lite.addons import DEFAULT_CHAIN
 from agl_lite.core.contract import KeyRole, derive_key
-from agl_lite.store.openapi import bound_free_form
+from agl_lite.store.openapi import JSON_VALUE_REF
 from agl_lite.testing.gateway import write_config
 from bench.harness.gateway_process import gateway_processes, log_problems, secrets_in, start_gateway
 from tests.conftest import ADMIN_KEY
@@ -152,6 +152,39 @@ class Fuzz:
             case.validate_response(response, headers=headers)
         except FailureGroup as exc:
             self.problems.append(f"{where}: {exc.args[0][:1200] if exc.args else exc!r}")
+
+
+_TYPED = frozenset({"type", "$ref", "anyOf", "oneOf", "allOf", "enum", "const", "not"})
+
+
+def bound_free_form(node: Any) -> Any:
+    """`node` (the document, or any part of it) with each free-form subschema (pydantic's `Any`: no type at all;
+    `dict[str, Any]`'s `additionalProperties: true`) bound to `JsonValue`, the values the API takes there.
+
+    The served document leaves free-form fields free (a generator of invalid cases cannot tell an `anyOf` of every
+    JSON type from a constraint); a generator of valid cases uses this form, so that it does not send integers
+    past 64 bits, which are refused."""
+    if isinstance(node, list):
+        return [bound_free_form(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "properties" and isinstance(value, dict):
+            out[key] = {name: _as_value_schema(sub) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties"):
+            out[key] = {"$ref": JSON_VALUE_REF} if value is True else _as_value_schema(value)
+        elif key in ("anyOf", "oneOf", "allOf") and isinstance(value, list):
+            out[key] = [_as_value_schema(sub) for sub in value]
+        else:
+            out[key] = bound_free_form(value)
+    return out
+
+
+def _as_value_schema(sub: Any) -> Any:
+    if isinstance(sub, dict) and not _TYPED & sub.keys():
+        return {**sub, "$ref": JSON_VALUE_REF}
+    return bound_free_form(sub)
 
 
 def _api_operations(schema: Any) -> list[Any]:

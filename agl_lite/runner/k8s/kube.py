@@ -152,13 +152,10 @@ class KubeApi:
             try:
                 return await fn()
             except k8s.ApiException as exc:
-                if exc.status == 429 and attempt < self.retries:
-                    self.throttled += 1
-                    await self._sleep(_retry_after(exc, self.max_retry_after_s))
-                    continue
-                if exc.status == 429:
-                    self.throttled += 1
-                raise _map(exc) from None
+                self.throttled += exc.status == 429
+                if exc.status != 429 or attempt >= self.retries:
+                    raise _map(exc) from None
+                await self._sleep(_retry_after(exc, self.max_retry_after_s))
             except (aiohttp.ClientConnectionError, TimeoutError) as exc:
                 if attempt >= self.retries:
                     raise KubeError(0, "Unreachable", repr(exc)) from exc
