@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from kubernetes.aio.client import ApiClient
@@ -42,6 +42,8 @@ RETRY_S = 1.0
 """Pause before a launch tries again after the store or the API server failed it; it doubles with each failure
 in a row, up to `RETRY_MAX_S`."""
 RETRY_MAX_S = 60.0
+
+T = TypeVar("T")
 
 
 class K8sBackend:
@@ -82,21 +84,15 @@ class K8sBackend:
 
     @property
     def _kube(self) -> KubeApi:
-        if self.api is None:
-            raise RuntimeError("the k8s backend is not open")
-        return self.api
+        return _opened(self.api)
 
     @property
     def _janitor(self) -> JobJanitor:
-        if self.janitor is None:
-            raise RuntimeError("the k8s backend is not open")
-        return self.janitor
+        return _opened(self.janitor)
 
     @property
     def _store(self) -> RunnerStore:
-        if self.store is None:
-            raise RuntimeError("the k8s backend is not open")
-        return self.store
+        return _opened(self.store)
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
 
@@ -258,15 +254,7 @@ class K8sBackend:
             if rollout.attempt_count == 0:
                 return await self._create(follow, backoff_limit=None)
             # taken back after a restart, with attempts used and no Job: it vanished while nobody watched
-            left = follow.launch.plan.max_attempts - rollout.attempt_count
-            if left <= 0:
-                return refused(
-                    f"Job {follow.name} vanished before its outcome was recorded; no attempts left"
-                )
-            log.warning(
-                "Job vanished before its outcome; relaunching", rollout_id=rollout.id, attempts_left=left
-            )
-            return await self._create(follow, backoff_limit=left - 1)
+            return await self._relaunch(follow, rollout)
         if job.rollout_id != rollout.id:
             return refused(f"Job {job.name} exists and belongs to rollout {job.rollout_id!r}")
         follow.job_uid = job.uid
@@ -346,17 +334,25 @@ class K8sBackend:
         rollout = await self._store.get_rollout(follow.rollout_id)
         if rollout.status.terminal:
             return Outcome(AttemptStatus.CANCELLED, message=f"the rollout is {rollout.status.value}")
+        follow.restart()
+        self._secrets.discard(follow.name)
+        return await self._relaunch(follow, rollout)
+
+    async def _relaunch(self, follow: Follow, rollout: Rollout) -> Outcome | None:
+        """A Job that vanished before its outcome was recorded: again, with the attempts the rollout has left."""
         left = follow.launch.plan.max_attempts - rollout.attempt_count
         if left <= 0:
             return refused(
                 f"Job {follow.name} vanished before its outcome was recorded, and no attempts are left"
             )
-        log.warning(
-            "Job vanished before its outcome; relaunching", rollout_id=follow.rollout_id, attempts_left=left
-        )
-        follow.restart()
-        self._secrets.discard(follow.name)
+        log.warning("Job vanished before its outcome; relaunching", rollout_id=rollout.id, attempts_left=left)
         return await self._create(follow, backoff_limit=left - 1)
+
+
+def _opened(part: T | None) -> T:
+    if part is None:
+        raise RuntimeError("the k8s backend is not open")
+    return part
 
 
 def _transient(exc: Exception) -> bool:
