@@ -193,6 +193,12 @@ class Store:
         if not least <= limit <= self.max_batch:
             raise BadRequest(f"limit must be between {least} and {self.max_batch}")
 
+    def _check_batch(self, specs: Sequence[object], what: str) -> None:
+        if not specs:
+            raise BadRequest(f"no {what} given")
+        if len(specs) > self.max_batch:
+            raise BadRequest(f"at most {self.max_batch} {what} per request")
+
     # --- what a backend provides ---------------------------------------------------------------------------------
 
     async def _write(self, fn: Callable[[Repo], T]) -> T:
@@ -209,10 +215,7 @@ class Store:
 
     async def enqueue(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
         """Create rollouts (queuing); a spec whose id exists returns the existing rollout unchanged."""
-        if not specs:
-            raise BadRequest("no rollouts given")
-        if len(specs) > self.max_batch:
-            raise BadRequest(f"at most {self.max_batch} rollouts per request")
+        self._check_batch(specs, "rollouts")
         ids = [
             _check_id("rollout", s.id) if s.id is not None else f"ro-{uuid.uuid4().hex[:16]}" for s in specs
         ]
@@ -267,15 +270,15 @@ class Store:
 
     async def cancel(self, rollout_id: str, message: str | None = None) -> Rollout:
         """Cancel a queuing or running rollout (its running attempts become cancelled); 409 if terminal."""
-        return await self._then_note(
-            lambda repo: self._transition(repo, rollout_id, RolloutStatus.CANCELLED, message),
-            lambda result: self._ended(rollout_id, result.status),
-        )
+        return await self._end(rollout_id, RolloutStatus.CANCELLED, message)
 
     async def finish(self, rollout_id: str, status: RolloutStatus, message: str | None = None) -> Rollout:
         """The runner's verdict: a running rollout turns succeeded or failed (and joins the completion cursor)."""
         if status not in (RolloutStatus.SUCCEEDED, RolloutStatus.FAILED):
             raise BadRequest("a rollout finishes as 'succeeded' or 'failed' (use cancel to cancel)")
+        return await self._end(rollout_id, status, message)
+
+    async def _end(self, rollout_id: str, status: RolloutStatus, message: str | None) -> Rollout:
         return await self._then_note(
             lambda repo: self._transition(repo, rollout_id, status, message),
             lambda result: self._ended(rollout_id, result.status),
@@ -485,10 +488,7 @@ class Store:
         self, rollout_id: str, specs: Sequence[EventSpec], *, source: str = "admin"
     ) -> list[Event]:
         """Append events; a `reward` event (numeric `data` or `{"value": n}`) sets the rollout's reward."""
-        if not specs:
-            raise BadRequest("no events given")
-        if len(specs) > self.max_batch:
-            raise BadRequest(f"at most {self.max_batch} events per request")
+        self._check_batch(specs, "events")
         rewards = [_reward_value(s) for s in specs if s.kind == REWARD_KIND]
         for spec in specs:
             size = len(orjson.dumps(spec.data))
