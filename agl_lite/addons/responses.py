@@ -34,6 +34,7 @@ __all__ = ["Responses"]
 _RESPONSES = frozenset({"responses", "responses.agent"})
 _GET = frozenset({"responses.get", "responses.get.agent"})
 _ITEMS = frozenset({"responses.input_items", "responses.input_items.agent"})
+_DELETE = frozenset({"responses.delete", "responses.delete.agent"})
 _TRANSLATOR = "responses.translator"
 _REQUEST = "responses.request"
 
@@ -66,6 +67,14 @@ class Responses:
             errors="OpenAIError",
         ),
         *model_api_routes(
+            "responses.delete",
+            "DELETE",
+            "/v1/responses/{response_id}",
+            RouteKind.API,
+            "Delete a stored Response (its captured call stays, the rollout's training data).",
+            errors="OpenAIError",
+        ),
+        *model_api_routes(
             "responses.input_items",
             "GET",
             "/v1/responses/{response_id}/input_items",
@@ -88,6 +97,13 @@ class Responses:
 
     async def request(self, flow: Flow) -> None:
         name = flow.route.name
+        if name in _DELETE:
+            stored = await self._stored(flow, flow.request.path_params["response_id"])
+            assert self._store is not None  # (`_stored` found it there)
+            if not await self._store.delete_response(stored.id):  # deleted meanwhile
+                raise NotFound(f"no stored response {stored.id!r}")
+            flow.response = json_response(200, {"id": stored.id, "object": "response", "deleted": True})
+            return
         if name in _GET or name in _ITEMS:
             stored = await self._stored(flow, flow.request.path_params["response_id"])
             flow.response = json_response(
@@ -119,7 +135,7 @@ class Responses:
 
     def response_headers(self, flow: Flow) -> None:
         resp, name = flow.response, flow.route.name
-        if resp is None or not (name in _RESPONSES or name in _GET or name in _ITEMS):
+        if resp is None or not (name in _RESPONSES or name in _GET or name in _ITEMS or name in _DELETE):
             return
         if not resp.from_upstream:
             if resp.status >= 400:
@@ -156,7 +172,7 @@ class Responses:
             raise ServiceUnavailable("responses are not stored: this gateway runs without a store")
         missing = NotFound(f"no stored response {response_id!r}", param=param)
         try:
-            call: LLMCall = await self._store.call(response_id)
+            call: LLMCall = await self._store.response_call(response_id)
         except NotFound:
             raise missing from None
         rollout = flow.metadata.get("auth.rollout_id")
@@ -164,6 +180,8 @@ class Responses:
         if call.api != "responses" or not stored or call.outcome is not CallOutcome.OK:
             raise missing
         if rollout is not None and call.rollout_id != rollout:
+            raise missing
+        if await self._store.response_deleted(response_id):
             raise missing
         return call
 

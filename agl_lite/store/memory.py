@@ -37,6 +37,7 @@ class MemoryRepo:
         self._calls: list[LLMCall] = []
         self._resources: dict[str, list[Resource]] = defaultdict(list)
         self._models: dict[str, ModelRecord] = {}
+        self._deleted_responses: set[str] = set()
         self._completed: list[Rollout] = []
         self._enqueue_seq = 0
 
@@ -142,9 +143,17 @@ class MemoryRepo:
         ]
         return within_bytes(out[:limit], max_bytes, _size)
 
-    def call(self, call_id: str) -> LLMCall | None:
-        found = next((c for c in self._calls if c.id == call_id), None)
+    def response_call(self, response_id: str) -> LLMCall | None:
+        found = next((c for c in self._calls if c.id == response_id), None)
         return None if found is None else copy.deepcopy(found)
+
+    def delete_response(self, call_id: str, at: float) -> bool:
+        new = call_id not in self._deleted_responses
+        self._deleted_responses.add(call_id)
+        return new
+
+    def response_deleted(self, call_id: str) -> bool:
+        return call_id in self._deleted_responses
 
     def last_resource_version(self, name: str) -> int:
         versions = self._resources[name]

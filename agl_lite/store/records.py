@@ -18,6 +18,7 @@ __all__ = [
     "LABEL_KEY",
     "MAX_LABELS",
     "MAX_LABEL_VALUE",
+    "RESPONSE_ID_PREFIX",
     "ROLLOUT_NEXT",
     "Attempt",
     "AttemptStatus",
@@ -238,6 +239,9 @@ class ChoiceRecord:
         return isinstance(other, ChoiceRecord) and self.to_json() == other.to_json()
 
 
+RESPONSE_ID_PREFIX = "resp_"
+"""How a Responses API call's id (its response id, `resp_…`) starts: the store indexes only those ids, so that
+finding one costs one index search while a chat call's insert pays for no index of random ids."""
 LABEL_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}", re.ASCII)
 """What a label's key may be (a call's `labels`): also what `?label=KEY:VALUE` splits on safely."""
 MAX_LABELS = 32

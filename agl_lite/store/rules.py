@@ -24,6 +24,7 @@ from agl_lite.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTo
 from agl_lite.store.records import (
     ATTEMPT_NEXT,
     LABEL_KEY,
+    RESPONSE_ID_PREFIX,
     ROLLOUT_NEXT,
     Attempt,
     AttemptStatus,
@@ -105,7 +106,12 @@ class Repo(Protocol):
 
     def rollout_tokens(self, rollout_id: str) -> int: ...
     def rollout_bytes(self, rollout_id: str) -> int: ...
-    def call(self, call_id: str) -> LLMCall | None: ...
+    def response_call(self, response_id: str) -> LLMCall | None:
+        """The call whose id is `response_id` (which starts with `RESPONSE_ID_PREFIX`)."""
+        ...
+
+    def delete_response(self, call_id: str, at: float) -> bool: ...
+    def response_deleted(self, call_id: str) -> bool: ...
     def calls(
         self,
         rollout_id: str | None,
@@ -644,12 +650,22 @@ class Store:
             lambda repo: repo.calls(rollout_id, attempt_id, after_order_key, limit, max_bytes, label)
         )
 
-    async def call(self, call_id: str) -> LLMCall:
-        """One captured call by its id (a Responses API call's is its response id); NotFound when none."""
-        found = await self._read(lambda repo: repo.call(call_id))
+    async def response_call(self, response_id: str) -> LLMCall:
+        """A Responses API call by its response id (`resp_…`, the id it is stored under); NotFound when none."""
+        found = None
+        if response_id.startswith(RESPONSE_ID_PREFIX):
+            found = await self._read(lambda repo: repo.response_call(response_id))
         if found is None:
-            raise NotFound(f"no captured call {call_id!r}")
+            raise NotFound(f"no captured call {response_id!r}")
         return found
+
+    async def delete_response(self, call_id: str) -> bool:
+        """Take a Responses API call's response back from its client (`DELETE /v1/responses/{id}`): it is no longer
+        served back; the call stays, its rollout's training data. False when it was deleted already."""
+        return await self._write(lambda repo: repo.delete_response(call_id, time.time()))
+
+    async def response_deleted(self, call_id: str) -> bool:
+        return await self._read(lambda repo: repo.response_deleted(call_id))
 
     # --- resources and models ------------------------------------------------------------------------------------
 

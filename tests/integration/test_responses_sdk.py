@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +18,10 @@ import pytest
 from openai.types.responses import Response
 
 from agl_lite.addons import DEFAULT_CHAIN
+from agl_lite.core.contract import derive_key
 from agl_lite.core.server import Gateway
 from agl_lite.store.records import CallOutcome
-from agl_lite.store.rules import STORE, Store
+from agl_lite.store.rules import STORE, RolloutSpec, Store
 from agl_lite.testing import MockVLLM, Scenario, ToolCallSpec, running_mock
 from agl_lite.testing.addons import FlowRecorder
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
@@ -228,9 +229,7 @@ async def test_the_agents_sdk_runs_an_agent_with_a_function_tool_to_its_end(setu
     are captured and merge into one training row (the second turn's prompt extends the first's)."""
     import agents
 
-    from agl_lite.core.contract import derive_key
     from agl_lite.integrations.trajectory import merge_trajectories
-    from agl_lite.store.rules import RolloutSpec
     from agl_lite.store.triplets import rollout_triplets
 
     await setup.store.enqueue([RolloutSpec(input={"q": "2+3"}, id="ro-agents")])
@@ -302,10 +301,8 @@ async def test_a_previous_response_id_chain_of_three_extends_its_prompts_and_is_
     assert [i.type for i in items.data] == ["message"]
 
 
-async def test_a_response_not_stored_or_of_another_rollout_is_not_found(setup: Setup) -> None:
-    from agl_lite.core.contract import derive_key
-    from agl_lite.store.rules import RolloutSpec
-
+async def two_rollouts(setup: Setup) -> Callable[[str], openai.AsyncOpenAI]:
+    """Running rollouts `ro-a` and `ro-b` whose calls all answer "Hi.", and a client for either one's agent."""
     await setup.store.enqueue([RolloutSpec(input=1, id="ro-a"), RolloutSpec(input=2, id="ro-b")])
     await setup.store.claim("test", 2)
     setup.mock.enqueue(Scenario(content="Hi."), times=None)
@@ -317,6 +314,11 @@ async def test_a_response_not_stored_or_of_another_rollout_is_not_found(setup: S
             max_retries=0,
         )
 
+    return agent
+
+
+async def test_a_response_not_stored_or_of_another_rollout_is_not_found(setup: Setup) -> None:
+    agent = await two_rollouts(setup)
     mine = await agent("ro-a").responses.create(model="gpt-5", input="hi")
     assert (await agent("ro-a").responses.retrieve(mine.id)).id == mine.id
     with pytest.raises(openai.NotFoundError):
@@ -332,3 +334,30 @@ async def test_a_response_not_stored_or_of_another_rollout_is_not_found(setup: S
     assert (
         await setup.client.responses.retrieve(mine.id)
     ).id == mine.id  # the admin key sees every rollout's
+
+
+async def test_a_deleted_response_is_no_longer_served_but_its_call_stays(setup: Setup) -> None:
+    """`responses.delete`: the Response is gone for its clients (retrieve, input items, previous_response_id: 404;
+    a second delete: 404), another rollout's key cannot delete it, and the captured call stays in the store."""
+    agent = await two_rollouts(setup)
+    mine = await agent("ro-a").responses.create(model="gpt-5", input="hi")
+    with pytest.raises(openai.NotFoundError):
+        await agent("ro-b").responses.delete(mine.id)  # another rollout's: as if it did not exist
+    async with aiohttp.ClientSession() as http:
+        url = f"{gateway_url(setup.gateway)}/r/ro-a/a/at-1/v1/responses/{mine.id}"
+        headers = {"Authorization": f"Bearer {derive_key(ADMIN_KEY, 'ro-a')}"}
+        async with http.delete(url, headers=headers) as resp:
+            assert (resp.status, await resp.json()) == (
+                200,
+                {"id": mine.id, "object": "response", "deleted": True},
+            )
+    with pytest.raises(openai.NotFoundError):
+        await agent("ro-a").responses.retrieve(mine.id)
+    with pytest.raises(openai.NotFoundError):
+        await agent("ro-a").responses.input_items.list(mine.id)
+    with pytest.raises(openai.NotFoundError):
+        await agent("ro-a").responses.create(model="gpt-5", input="again", previous_response_id=mine.id)
+    with pytest.raises(openai.NotFoundError):
+        await setup.client.responses.delete(mine.id)  # once only, for the admin key too
+    assert (await setup.store.response_call(mine.id)).id == mine.id  # the training record stays
+    assert not await setup.store.response_deleted("resp_other")

@@ -286,17 +286,37 @@ async def test_calls_round_trip_exactly_in_request_order(store: Store) -> None:
     assert [e.data["call_id"] for e in events] == ["c20", "c10"]  # events in commit order; calls by order_key
 
 
-async def test_a_call_is_read_back_by_its_id_with_its_prefix_shared_ids(store: Store) -> None:
+async def test_a_responses_call_is_read_back_by_its_response_id_with_its_prefix_shared_ids(
+    store: Store,
+) -> None:
     await store.enqueue([RolloutSpec(input=1, id="r")])
     first = call("r", 10, list(range(100, 120)), [[1, 2]])
     second = call("r", 20, [*range(100, 120), 1, 2, 7], [[8, 9]])  # its prompt extends the first: shared ids
     unattributed = call(None, 30, [5, 6], [[7]])
-    for c in (first, second, unattributed):
+    chat = call("r", 40, [5], [[6]])
+    for c, response_id in ((first, "resp_1"), (second, "resp_2"), (unattributed, "resp_3")):
+        c.id = response_id
+    for c in (first, second, unattributed, chat):
         await store.add_call(c)
-    assert await store.call("c20") == second
-    assert await store.call("c30") == unattributed
-    with pytest.raises(NotFound, match="c99"):
-        await store.call("c99")
+    assert await store.response_call("resp_2") == second
+    assert await store.response_call("resp_3") == unattributed
+    with pytest.raises(NotFound, match="resp_9"):
+        await store.response_call("resp_9")
+    with pytest.raises(NotFound, match="c40"):
+        await store.response_call("c40")  # a chat call's id is no response id: never looked up
+
+
+async def test_a_deleted_response_is_deleted_once_and_its_call_stays(store: Store) -> None:
+    await store.enqueue([RolloutSpec(input=1, id="r")])
+    kept = call("r", 10, [1, 2], [[3]])
+    kept.id = "resp_1"
+    await store.add_call(kept)
+    assert not await store.response_deleted("resp_1")
+    assert await store.delete_response("resp_1")
+    assert not await store.delete_response("resp_1")  # already: the API's second DELETE is a 404
+    assert await store.response_deleted("resp_1")
+    assert not await store.response_deleted("resp_2")
+    assert await store.response_call("resp_1") == kept
 
 
 async def test_labels_are_stored_with_their_call_and_filter_its_reads(store: Store) -> None:

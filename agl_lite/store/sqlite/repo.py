@@ -352,9 +352,21 @@ class SQLiteRepo:
         cursor = self.conn.execute(sql + " ORDER BY order_key LIMIT ?", (*args, limit))
         return self._decode_calls(within_bytes(cursor, max_bytes, _call_row_bytes))
 
-    def call(self, call_id: str) -> LLMCall | None:
-        rows = self.conn.execute(f"SELECT {_CALL_COLUMNS} FROM calls WHERE id = ?", (call_id,)).fetchall()
+    def response_call(self, response_id: str) -> LLMCall | None:
+        # The term of the partial index (schema v7) repeated, so that SQLite may search it (a scan otherwise).
+        sql = f"SELECT {_CALL_COLUMNS} FROM calls WHERE id = ? AND substr(id, 1, 5) = 'resp_'"
+        rows = self.conn.execute(sql, (response_id,)).fetchall()
         return self._decode_calls(rows)[0] if rows else None
+
+    def delete_response(self, call_id: str, at: float) -> bool:
+        sql = "INSERT OR IGNORE INTO deleted_responses (id, deleted_at) VALUES (?, ?)"
+        return self.conn.execute(sql, (call_id, at)).rowcount == 1
+
+    def response_deleted(self, call_id: str) -> bool:
+        return (
+            self.conn.execute("SELECT 1 FROM deleted_responses WHERE id = ?", (call_id,)).fetchone()
+            is not None
+        )
 
     def _decode_calls(self, rows: list[Any]) -> list[LLMCall]:
         memo: dict[int, array[int]] = {}

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from agl_lite.store.records import RESPONSE_ID_PREFIX
 from agl_lite.translate.responses.request import CUSTOM_INPUT, Translated
 
 __all__ = ["ResponseBuilder", "new_response_id", "usage_of"]
@@ -27,7 +28,7 @@ Event = dict[str, Any]
 
 
 def new_response_id() -> str:
-    return f"resp_{_PREFIX}{next(_numbers):08x}"
+    return f"{RESPONSE_ID_PREFIX}{_PREFIX}{next(_numbers):08x}"
 
 
 def _new_id(kind: str) -> str:

@@ -76,7 +76,7 @@ async def test_a_v1_store_is_migrated_with_its_calls(tmp_path: Path, turn_call: 
     finally:
         await store.close()
     conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert not tables & {"token_seqs", "call_choices", "calls_v2"}
     conn.close()
@@ -131,16 +131,35 @@ async def test_a_v3_stores_call_events_read_on_in_one_sequence(
     finally:
         await store.close()
     conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     # The v3 call's event row and the reward: the new call's event is in the call's row.
     assert conn.execute("SELECT COUNT(*) FROM events").fetchone() == (2,)
     conn.close()
 
 
-async def test_calls_are_found_by_id_through_an_index(tmp_path: Path) -> None:
-    """v6: a call by its id (a Responses API call's is its response id) is one index search, not a scan."""
+async def test_a_response_is_found_by_its_id_through_an_index_that_holds_no_chat_call(
+    tmp_path: Path, turn_call: TurnCall
+) -> None:
+    """v7: a Responses API call by its id is one index search, not a scan, and the index holds only those ids: a
+    chat call's random id costs its insert no index page (v6 indexed every id)."""
     store = await SQLiteStore.open(tmp_path / "s.db")
-    await store.close()
-    conn = sqlite3.connect(tmp_path / "s.db")
-    plan = " ".join(str(r) for r in conn.execute("EXPLAIN QUERY PLAN SELECT body FROM calls WHERE id = 'x'"))
-    assert "USING INDEX calls_id" in plan
+    try:
+        await store.enqueue([RolloutSpec(input=1, id="r")])
+        chat, response = turn_call(0, [1, 2], [3]), turn_call(1, [1, 2, 3, 4], [5])
+        response.id = "resp_0001"
+        for c in (chat, response):
+            await store.add_call(c)
+        statements: list[str] = []
+        reader = sqlite3.connect(tmp_path / "s.db")
+        reader.set_trace_callback(statements.append)
+        assert repo_module.SQLiteRepo(reader).response_call("resp_0001") == response
+        (sql,) = [s for s in statements if s.startswith("SELECT")]
+        plan = " ".join(str(r) for r in reader.execute("EXPLAIN QUERY PLAN " + sql))
+        assert "USING INDEX calls_response_id" in plan
+        indexed = reader.execute(
+            "SELECT COUNT(*) FROM calls INDEXED BY calls_response_id WHERE substr(id, 1, 5) = 'resp_'"
+        )
+        assert indexed.fetchone() == (1,)
+        reader.close()
+    finally:
+        await store.close()
