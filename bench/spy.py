@@ -16,7 +16,9 @@ from pathlib import Path
 __all__ = ["py_spy_path", "record", "summarise"]
 
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]+)(?::\d+)?\)$")
-_LOOP_FRAME = "Handle._run (asyncio/events.py"
+_LOOP_FRAMES = ("Handle._run (asyncio/events.py", "Runner.run (asyncio/runners.py")
+"""Where the event loop calls a callback: asyncio's Handle._run, or (uvloop's loop is compiled, so py-spy sees no
+frame of it) the Runner.run that started the loop."""
 _PACKAGES = (
     "agl_lite",
     "aiohttp",
@@ -104,7 +106,9 @@ def summarise(raw: Path, top: int = 15) -> list[str]:
         total += n
         self_fn[_function(frames[-1])] += n
         by_pkg[_package(frames[-1])] += n
-        below = next((i for i in range(len(frames) - 1, -1, -1) if _LOOP_FRAME in frames[i]), -1)
+        below = next(
+            (i for i in range(len(frames) - 1, -1, -1) if any(loop in frames[i] for loop in _LOOP_FRAMES)), -1
+        )
         for fn in {_function(f) for f in frames[below + 1 :]}:
             incl_fn[fn] += n
     if not total:

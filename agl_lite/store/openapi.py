@@ -11,42 +11,23 @@ from agl_lite.core.routes import HttpRoute, RouteKind, Scope, path_params, path_
 
 __all__ = ["JSON_VALUE", "JSON_VALUE_REF", "document"]
 
-ERROR = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {
-        "error": {
-            "type": "object",
-            "required": ["type", "message", "code"],
-            "properties": {
-                "type": {"type": "string"},
-                "message": {"type": "string"},
-                "code": {"type": "integer"},
-            },
-        }
-    },
-}
 
-OPENAI_ERROR = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {
-        "error": {
-            "type": "object",
-            "required": ["type", "message"],
-            "properties": {
-                "type": {"type": "string"},
-                "message": {"type": "string"},
-                "code": {
-                    "type": ["string", "integer", "null"],
-                    "description": "What went wrong, as a string; the status (an integer) when the path matched no "
-                    "route at all, which the gateway answers in its own shape",
-                },
-                "param": {"type": ["string", "null"]},
-            },
-        }
+def _error(code: dict[str, Any], required: tuple[str, ...], **more: Any) -> dict[str, Any]:
+    members = {"type": {"type": "string"}, "message": {"type": "string"}, "code": code, **more}
+    error = {"type": "object", "required": ["type", "message", *required], "properties": members}
+    return {"type": "object", "required": ["error"], "properties": {"error": error}}
+
+
+ERROR = _error({"type": "integer"}, ("code",))
+OPENAI_ERROR = _error(
+    {
+        "type": ["string", "integer", "null"],
+        "description": "What went wrong, as a string; the status (an integer) when the path matched no route at "
+        "all, which the gateway answers in its own shape",
     },
-}
+    (),
+    param={"type": ["string", "null"]},
+)
 """The errors of a translated OpenAI API (the Responses API): OpenAI's shape, a string `code`."""
 
 JSON_VALUE_REF = "#/components/schemas/JsonValue"

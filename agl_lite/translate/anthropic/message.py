@@ -5,28 +5,20 @@ they add up to. Whole (non-streamed) responses go through the same builder, so b
 
 from __future__ import annotations
 
-import itertools
-import secrets
 from typing import Any
 
 import orjson
 
+from agl_lite.translate import new_id
 from agl_lite.translate.anthropic.errors import error_event
 
 __all__ = ["MessageBuilder", "new_message_id", "stop_reason"]
 
-# Unique across processes without reading os.urandom per call (the hot path pays for that under load).
-_PREFIX = secrets.token_hex(6)
-_numbers = itertools.count(1)
 _FINISH = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use"}
 
 
 def new_message_id() -> str:
-    return f"msg_{_PREFIX}{next(_numbers):08x}"
-
-
-def _new_tool_id() -> str:
-    return f"toolu_{_PREFIX}{next(_numbers):08x}"
+    return new_id("msg_")
 
 
 def stop_reason(finish: str | None, matched: Any, tool_use: bool) -> tuple[str, str | None]:
@@ -146,7 +138,7 @@ class MessageBuilder:
         self.start()
         block = self._tools.get(index)
         if block is None:
-            block_id = call_id if isinstance(call_id, str) and call_id else _new_tool_id()
+            block_id = call_id if isinstance(call_id, str) and call_id else new_id("toolu_")
             block = self._tools[index] = _Block("tool", block_id, name if isinstance(name, str) else "")
             self._open_block(block)
         if isinstance(arguments, str) and arguments and block.input is None:

@@ -10,29 +10,23 @@ text, one `output_text` part), and one `function_call` (or `custom_tool_call`, f
 from __future__ import annotations
 
 import itertools
-import secrets
 import time
 from typing import Any
 
 import orjson
 
 from agl_lite.store.records import RESPONSE_ID_PREFIX
+from agl_lite.translate import new_id
 from agl_lite.translate.responses.request import CUSTOM_INPUT, Translated
 
 __all__ = ["ResponseBuilder", "new_response_id", "usage_of"]
 
-_PREFIX = secrets.token_hex(6)  # unique across processes without reading os.urandom per call
-_numbers = itertools.count(1)
 
 Event = dict[str, Any]
 
 
 def new_response_id() -> str:
-    return f"{RESPONSE_ID_PREFIX}{_PREFIX}{next(_numbers):08x}"
-
-
-def _new_id(kind: str) -> str:
-    return f"{kind}_{_PREFIX}{next(_numbers):08x}"
+    return new_id(RESPONSE_ID_PREFIX)
 
 
 def usage_of(chat_usage: Any) -> dict[str, Any] | None:
@@ -60,7 +54,7 @@ class _Item:
     ) -> None:
         self.kind = kind
         self.index = index
-        self.id = _new_id({"message": "msg", "reasoning": "rs"}.get(kind, "fc"))
+        self.id = new_id({"message": "msg_", "reasoning": "rs_"}.get(kind, "fc_"))
         self.name = name
         self.call_id = call_id
         self.namespace = namespace
@@ -183,7 +177,7 @@ class ResponseBuilder:
             name = name or ""
             kind = "custom_tool_call" if name in self.request.custom_tools else "function_call"
             space, own = self.request.namespaced.get(name, (None, name))
-            item = _Item(kind, len(self.items), own, call_id or _new_id("call"), space)
+            item = _Item(kind, len(self.items), own, call_id or new_id("call_"), space)
             self._calls[index] = item
             self.items.append(item)
             added = item.whole("in_progress")
