@@ -69,6 +69,16 @@ $(CODEX): examples/codex/package.json examples/codex/package-lock.json
 
 codex: $(CODEX)
 
+# Debian's Chromium, for the dashboard's browser tests (Playwright drives it; its own browser download is not
+# used): installed with apt when missing and this runs as root, else the tests that need it skip.
+CHROMIUM := /usr/lib/chromium/chromium
+.PHONY: chromium
+chromium:
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	else echo "Chromium is not installed (apt-get install chromium): the dashboard's browser tests will skip"; fi
+
 lint: $(STAMP)
 	$(BIN)/ruff check agl_lite fake-k8s tests bench examples scripts
 	$(BIN)/ruff format --check agl_lite fake-k8s tests bench examples scripts
@@ -77,7 +87,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: lint typecheck verl claude-code codex
+test: lint typecheck verl claude-code codex chromium
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)

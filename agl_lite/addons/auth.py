@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agl_lite.core.config import GatewayConfig, option
-from agl_lite.core.contract import KeyRole, Principal, identify
+from agl_lite.core.contract import KeyRole, Principal, identify, presented_key
 from agl_lite.core.flow import Flow
 from agl_lite.core.key_source import key_file, read_key
 from agl_lite.core.routes import RouteKind, Scope
@@ -25,18 +25,6 @@ MIN_KEY_LENGTH = 16
 _VALID_KEYS = 10_000
 
 _ROLE_FOR_SCOPE = {Scope.AGENT: KeyRole.AGENT, Scope.GRADER: KeyRole.GRADER}
-
-
-def presented_key(flow: Flow) -> str | None:
-    """The key the client sent: `Authorization: Bearer KEY` or `x-api-key: KEY`."""
-    headers = flow.request.headers
-    auth = headers.get("Authorization")
-    if auth is not None:
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            return token.strip()
-    key = headers.get("x-api-key")
-    return key.strip() if key and key.strip() else None
 
 
 class Auth:
@@ -89,7 +77,7 @@ class Auth:
             flow.metadata["auth.attempt_id"] = flow.request.path_params.get("attempt_id")
         if route.scope is Scope.PUBLIC:
             return
-        key = presented_key(flow)
+        key = presented_key(flow.request.headers)
         if key is None:
             raise Unauthorized("missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
         principal = self._valid.get(key)

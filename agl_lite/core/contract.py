@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -28,6 +29,7 @@ __all__ = [
     "derive_key",
     "grader_env",
     "identify",
+    "presented_key",
 ]
 
 ATTRIBUTED_PREFIX = "/r/{rollout_id}/a/{attempt_id}"
@@ -131,3 +133,14 @@ def grader_env(public_url: str, admin_key: str, rollout: RolloutView, attempt_id
         "AGL_ATTEMPT_ID": attempt_id,
         "AGL_MODE": rollout.mode,
     }
+
+
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The key the client sent: `Authorization: Bearer KEY` or `x-api-key: KEY`."""
+    auth = headers.get("Authorization")
+    if auth is not None:
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    key = headers.get("x-api-key")
+    return key.strip() if key and key.strip() else None

@@ -140,7 +140,7 @@ aliases = ["gpt-4.1"]
 backend = "vllm"
 upstreams = [{ base_url = "$UPSTREAM", served_model = "$SERVED" }]
 EOF
-CHAIN='"store", "auth", "store_api", "control", "metrics", "route", "anthropic", "responses", "capture", "tokens", "sink"'
+CHAIN='"store", "auth", "store_api", "dashboard", "control", "metrics", "route", "anthropic", "responses", "capture", "tokens", "sink"'
 RUNNER_CFG=""
 if [ "$RUNNER" = local ]; then
     CHAIN="$CHAIN, \"runner\""

@@ -1,0 +1,121 @@
+"""The dashboard's pages: what each one reads from the store (paged reads only, so that a page costs the same
+whatever the store holds) and its template, rendered with every value escaped (agent output is hostile input).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+
+from agl_lite.integrations.trajectory import MergeStats, Row, merge_trajectories
+from agl_lite.store.records import Attempt, Event, LLMCall, Rollout, RolloutStatus
+from agl_lite.store.rules import RolloutFilter, Store
+from agl_lite.store.triplets import rollout_triplets
+
+__all__ = ["PAGE_SIZE", "TokenCell", "Trajectory", "render", "rollout_page", "rollouts_page"]
+
+PAGE_SIZE = 50
+"""Rollouts per page of the list."""
+MAX_CALLS = 200
+"""Calls shown on a rollout's page (the calls API pages through the rest)."""
+MAX_EVENTS = 500
+PAGE_BYTES = 4 * 1024 * 1024
+"""Stored bytes of calls or events one page reads at most."""
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("agl_lite.dashboard", "templates"),
+    autoescape=True,  # every value, in every template: an agent's completion may hold markup
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else ""
+
+
+_ENV.filters["when"] = _when
+
+
+def render(template: str, **context: Any) -> bytes:
+    return _ENV.get_template(template).render(**context).encode()
+
+
+async def rollouts_page(
+    store: Store, status: RolloutStatus | None, mode: str | None, group_id: str | None, after: int
+) -> dict[str, Any]:
+    """One keyset page of rollouts (enqueue order) and the head of the completion cursor, where the page's live
+    updates start."""
+    rows = await store.list_rollouts(RolloutFilter(status, mode, group_id, after, PAGE_SIZE))
+    _, cursor = await store.completed(0, 0)
+    return {
+        "rollouts": rows,
+        "next": rows[-1].enqueue_seq if len(rows) == PAGE_SIZE else None,
+        "cursor": cursor,
+        "filters": {"status": status.value if status else "", "mode": mode or "", "group_id": group_id or ""},
+        "statuses": [s.value for s in RolloutStatus],
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCell:
+    """One token of a trajectory row as the page shows it: trained (the response mask is 1) or context."""
+
+    id: int
+    trained: bool
+    shade: str
+    """`lp0` (the model was sure) to `lp4` (it was not), by the token's sampled logprob; "" when unknown."""
+    title: str
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    rows: list[list[TokenCell]]
+    stats: MergeStats
+    versions: list[str | None]
+
+
+_SHADES = ((-0.1, "lp0"), (-0.5, "lp1"), (-1.0, "lp2"), (-2.0, "lp3"))
+
+
+def _shade(logprob: float | None) -> str:
+    if logprob is None:
+        return ""
+    return next((name for bound, name in _SHADES if logprob >= bound), "lp4")
+
+
+def token_cells(row: Row) -> list[TokenCell]:
+    """The row's prompt (context) then its response tokens, each trained or not by the response mask, the trained
+    ones shaded by their logprob."""
+    cells = [TokenCell(t, False, "", f"prompt token {t}") for t in row.prompt_ids]
+    lps = row.logprobs
+    for i, (t, mask) in enumerate(zip(row.response_ids, row.response_mask, strict=True)):
+        lp = lps[i] if lps is not None and mask else None
+        title = (
+            f"token {t}, trained" + (f", logprob {lp:.3f}" if lp is not None else "")
+            if mask
+            else f"token {t}"
+        )
+        cells.append(TokenCell(t, bool(mask), _shade(lp), title))
+    return cells
+
+
+async def rollout_page(store: Store, rollout_id: str) -> dict[str, Any]:
+    """A rollout, its attempts, its first calls and events, and its calls merged into the rows a trainer sees."""
+    rollout: Rollout = await store.get_rollout(rollout_id)
+    attempts: list[Attempt] = await store.attempts(rollout_id)
+    calls: list[LLMCall] = await store.calls(rollout_id, limit=MAX_CALLS, max_bytes=PAGE_BYTES)
+    events: list[Event] = await store.events(rollout_id, limit=MAX_EVENTS, max_bytes=PAGE_BYTES)
+    rows, stats = merge_trajectories((await rollout_triplets(store, rollout_id)).triplets)
+    trajectory = Trajectory([token_cells(r) for r in rows], stats, [r.model_version for r in rows])
+    return {
+        "rollout": rollout,
+        "attempts": attempts,
+        "calls": calls,
+        "events": events,
+        "trajectory": trajectory,
+    }

@@ -1,0 +1,169 @@
+"""The dashboard addon over HTTP: who may open it (the admin key, a session; never an agent's key), the login and
+logout forms with their CSRF tokens and cookies, the headers every page carries, and escaping of what agents
+wrote."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from agl_lite.addons import DEFAULT_CHAIN
+from agl_lite.addons.dashboard import CSP
+from agl_lite.core.contract import derive_key
+from agl_lite.core.server import Gateway
+from agl_lite.store.records import RolloutStatus
+from agl_lite.store.rules import EventSpec
+from tests.client.conftest import NO_UPSTREAM, make_call, running, sqlite_options, store_of
+from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
+
+HOSTILE = '<script>document.title="pwned"</script><img src=x onerror=alert(1)>'
+
+
+@pytest.fixture
+async def gateway(gateway_factory: GatewayFactory, tmp_path: Path) -> AsyncIterator[Gateway]:
+    addons = sqlite_options(tmp_path / "store.db")
+    async with gateway_factory(NO_UPSTREAM, chain=DEFAULT_CHAIN, addons=addons) as gw:
+        yield gw
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
+        yield session
+
+
+async def log_in(http: aiohttp.ClientSession, base: str, key: str = ADMIN_KEY) -> aiohttp.ClientResponse:
+    async with http.get(f"{base}/dashboard/login") as form:
+        nonce = re.search(r'name="csrf" value="([^"]+)"', await form.text())
+    assert nonce is not None
+    async with http.post(
+        f"{base}/dashboard/login", data={"csrf": nonce[1], "key": key}, allow_redirects=False
+    ) as resp:
+        await resp.read()
+        return resp
+
+
+async def test_pages_need_the_admin_key_or_a_session_and_refuse_agent_keys(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
+    base = gateway_url(gateway)
+    await running(store_of(gateway), "ro-1")
+    async with http.get(f"{base}/dashboard/rollouts", allow_redirects=False) as resp:
+        assert (resp.status, resp.headers["Location"]) == (303, "/dashboard/login")
+    async with http.get(f"{base}/dashboard/rollouts/completed") as resp:
+        assert resp.status == 401
+    for key in (derive_key(ADMIN_KEY, "ro-1"), "not-a-key-at-all-0123456789"):
+        async with http.get(f"{base}/dashboard/rollouts", headers={"Authorization": f"Bearer {key}"}) as resp:
+            assert resp.status == 403
+    async with http.get(
+        f"{base}/dashboard/rollouts", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+    ) as resp:
+        assert resp.status == 200
+        assert "ro-1" in await resp.text()
+
+
+async def test_login_exchanges_the_key_for_an_http_only_strict_cookie_and_logout_needs_its_csrf(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
+    base = gateway_url(gateway)
+    wrong = await log_in(http, base, derive_key(ADMIN_KEY, "ro-1"))  # an agent's key is not the admin key
+    assert wrong.status == 401
+    ok = await log_in(http, base)
+    assert (ok.status, ok.headers["Location"]) == (303, "/dashboard/rollouts")
+    cookie = next(c for c in ok.headers.getall("Set-Cookie") if c.startswith("agl_dashboard="))
+    assert "HttpOnly" in cookie
+    assert "SameSite=Strict" in cookie
+    assert "Path=/dashboard" in cookie
+    assert ADMIN_KEY not in cookie
+    async with http.get(f"{base}/dashboard/rollouts") as page:
+        text = await page.text()
+        assert page.status == 200
+        assert ADMIN_KEY not in text
+    csrf = re.search(r'name="csrf" value="([^"]+)"', text)
+    assert csrf is not None
+    async with http.post(f"{base}/dashboard/logout", data={"csrf": "forged"}, allow_redirects=False) as resp:
+        assert resp.status == 403
+    async with http.post(f"{base}/dashboard/logout", data={"csrf": csrf[1]}, allow_redirects=False) as resp:
+        assert resp.status == 303
+    async with http.get(f"{base}/dashboard/rollouts", allow_redirects=False) as resp:
+        assert resp.status == 303  # the session is gone
+
+
+async def test_a_login_form_posted_from_elsewhere_is_refused(gateway: Gateway) -> None:
+    base = gateway_url(gateway)
+    async with aiohttp.ClientSession() as fresh:  # no login cookie: the form was not this browser's
+        async with fresh.post(f"{base}/dashboard/login", data={"csrf": "x", "key": ADMIN_KEY}) as resp:
+            assert resp.status == 403
+            assert not [c for c in resp.headers.getall("Set-Cookie", []) if c.startswith("agl_dashboard=")]
+
+
+async def test_every_page_has_a_strict_csp_and_escapes_what_agents_wrote(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
+    base, store = gateway_url(gateway), store_of(gateway)
+    await running(store, "ro-x")
+    call = make_call("ro-x", "a1", 0, [1, 2, 3], [[10, 11]])
+    call.choices[0].text = HOSTILE
+    call.request = {"messages": [{"role": "user", "content": HOSTILE}]}
+    await store.add_call(call)
+    await store.add_events("ro-x", [EventSpec("note", {"text": HOSTILE})])
+    await store.finish("ro-x", RolloutStatus.SUCCEEDED, HOSTILE)
+    assert (await log_in(http, base)).status == 303
+    bodies = {}
+    for path in ("/dashboard/rollouts", "/dashboard/rollouts/ro-x", "/dashboard/login"):
+        async with http.get(base + path) as resp:
+            bodies[path] = body = await resp.text()
+            assert resp.status == 200, path
+            assert resp.headers["Content-Security-Policy"] == CSP
+            assert resp.headers["X-Content-Type-Options"] == "nosniff"
+            assert "<script>document" not in body
+            assert "<img src=x" not in body
+    shown = bodies["/dashboard/rollouts/ro-x"]
+    assert (
+        shown.count("&lt;script&gt;document.title=") >= 3
+    )  # the completion, the prompt, the rollout's message
+    assert "'unsafe-inline'" not in CSP
+    assert "script-src 'self'" in CSP
+
+
+async def test_the_live_updates_follow_the_completion_cursor(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
+    base, store = gateway_url(gateway), store_of(gateway)
+    await running(store, "ro-a", "ro-b")
+    _, head = await store.completed(0, 0)
+    await store.finish("ro-b", RolloutStatus.SUCCEEDED)
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    async with http.get(f"{base}/dashboard/rollouts/completed?after={head}", headers=headers) as resp:
+        answer = await resp.json()
+    assert [r["id"] for r in answer["rollouts"]] == ["ro-b"]
+    assert answer["cursor"] > head
+    async with http.get(f"{base}/dashboard/rollouts/completed?after=-1", headers=headers) as resp:
+        assert resp.status == 400
+
+
+async def test_filters_and_pages(gateway: Gateway, http: aiohttp.ClientSession) -> None:
+    base, store = gateway_url(gateway), store_of(gateway)
+    await running(store, *(f"ro-{i:02d}" for i in range(60)))
+    for i in range(0, 60, 3):
+        await store.finish(f"ro-{i:02d}", RolloutStatus.FAILED)
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+    async def ids(query: str) -> list[str]:
+        async with http.get(f"{base}/dashboard/rollouts?{query}", headers=headers) as resp:
+            assert resp.status == 200
+            return re.findall(r'data-rollout="([^"]+)"', await resp.text())
+
+    assert len(await ids("status=failed")) == 20
+    first = await ids("")
+    assert len(first) == 50
+    async with http.get(f"{base}/dashboard/rollouts", headers=headers) as resp:
+        after = re.search(r"after=(\d+)", await resp.text())
+    assert after is not None
+    assert len(await ids(f"after={after[1]}")) == 10
+    async with http.get(f"{base}/dashboard/rollouts?status=nope", headers=headers) as resp:
+        assert resp.status == 400
