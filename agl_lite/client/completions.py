@@ -61,11 +61,8 @@ async def wait_for(
     page_size: int = 100,
     poll_s: float = 30.0,
     progress: Progress | None = None,
-    coalesce_s: float = 0.0,
 ) -> WaitResult:
-    """Follow the cursor from `after` until every id is terminal or `timeout` seconds passed (None: no limit).
-    `coalesce_s`: after a short page, wait that long before asking again, so that the completions of a burst come
-    in one request rather than one each."""
+    """Follow the cursor from `after` until every id is terminal or `timeout` seconds passed (None: no limit)."""
     order = list(dict.fromkeys(ids))
     pending = set(order)
     done: dict[str, Rollout] = {}
@@ -84,7 +81,4 @@ async def wait_for(
                 done[rollout.id] = rollout
         if progress is not None:
             progress(len(done), len(order))
-        if pending and coalesce_s > 0 and 0 < len(rows) < page_size:
-            left = coalesce_s if deadline is None else deadline - loop.time()
-            await asyncio.sleep(max(min(coalesce_s, left), 0.0))
     return WaitResult([done[i] for i in order if i in done], [i for i in order if i in pending], cursor)

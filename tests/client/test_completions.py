@@ -8,9 +8,8 @@ import math
 import random
 
 import aiohttp
-import pytest
 
-from agl_lite.client import AglLiteClient, completions
+from agl_lite.client import AglLiteClient
 from agl_lite.core.server import Gateway
 from agl_lite.store.records import Rollout, RolloutStatus
 from agl_lite.store.rules import Repo, Store
@@ -126,25 +125,3 @@ async def test_completions_yield_in_completion_order_and_keep_the_cursor(
     await store.cancel("d")
     assert (await asyncio.wait_for(following, 10)).id == "d"
     assert stream.cursor == 4
-
-
-async def test_wait_coalesces_a_burst_after_a_short_page(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With `coalesce_s`, a page shorter than page_size is followed by a pause before the next request (so that
-    the rest of a burst comes in one page); without it, or after a full page, the next request goes at once."""
-    pauses: list[float] = []
-
-    async def pause(seconds: float) -> None:
-        pauses.append(seconds)
-
-    monkeypatch.setattr(completions.asyncio, "sleep", pause)
-    pages = iter([["a", "b"], ["c"], ["d"]])
-
-    async def completed(after: int, limit: int, wait: float) -> tuple[list[Rollout], int]:
-        rows = [Rollout(id=i, input=None, status=RolloutStatus.SUCCEEDED) for i in next(pages)]
-        return rows, after + len(rows)
-
-    result = await completions.wait_for(completed, "abcd", None, page_size=2, coalesce_s=0.5)
-    assert [r.id for r in result.rollouts] == list("abcd")
-    assert pauses == [
-        0.5
-    ]  # after ["c"] only: ["a", "b"] was a full page, and after ["d"] nothing was pending

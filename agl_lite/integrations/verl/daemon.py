@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agl_lite.client import AglLiteClient, BadRequestError, ClientError, GatewayState
-from agl_lite.client.completions import MAX_POLL_S, wait_for
 from agl_lite.integrations.batch import Batch, BatchBuilder, BatchConfig
 from agl_lite.integrations.mismatch import Decode
 from agl_lite.integrations.rewards import row_rewards
@@ -204,18 +203,23 @@ class AglLiteDaemon:
     async def _collect(self, ids: Sequence[str]) -> dict[str, Rollout]:
         """Follow the completion cursor until every id is terminal or the step's timeout passed."""
         cfg = self.config
+        pending = set(ids)
+        done: dict[str, Rollout] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + cfg.timeout_s
         assert self.cursor is not None
-        result = await wait_for(
-            self.client.completed,
-            ids,
-            cfg.timeout_s,
-            after=self.cursor,
-            page_size=cfg.page_size,
-            poll_s=MAX_POLL_S,
-            coalesce_s=cfg.coalesce_s,
-        )
-        self.cursor = result.cursor
-        return {r.id: r for r in result.rollouts}
+        while pending:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            rows, self.cursor = await self.client.completed(self.cursor, cfg.page_size, min(remaining, 60.0))
+            for rollout in rows:
+                if rollout.id in pending:
+                    pending.discard(rollout.id)
+                    done[rollout.id] = rollout
+            if pending and 0 < len(rows) < cfg.page_size and cfg.coalesce_s > 0:
+                await asyncio.sleep(min(cfg.coalesce_s, max(deadline - loop.time(), 0.0)))
+        return done
 
     async def _cancel(self, ids: Sequence[str]) -> None:
         for rid in ids:
