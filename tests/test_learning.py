@@ -61,8 +61,15 @@ def _run(tmp_path: Path, warm: Path, *, iterations: int, corrupt: str | None = N
     return asyncio.run(learn.run(settings))
 
 
-def test_the_policy_learns_through_the_whole_loop(tmp_path: Path, warm_weights: Path) -> None:
-    summary = _run(tmp_path, warm_weights, iterations=ITERATIONS)
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory: pytest.TempPathFactory, warm_weights: Path) -> tuple[learn.Summary, Path]:
+    """The whole loop, run once: its summary and its work directory (the store, the exported rows)."""
+    tmp = tmp_path_factory.mktemp("learned")
+    return _run(tmp, warm_weights, iterations=ITERATIONS), tmp
+
+
+def test_the_policy_learns_through_the_whole_loop(learned: tuple[learn.Summary, Path]) -> None:
+    summary, tmp_path = learned
     its = summary.iterations
     assert len(its) == ITERATIONS
     first = sum(it.mean_reward for it in its[:WINDOW]) / WINDOW
@@ -95,3 +102,38 @@ def test_the_text_chart_has_a_column_per_iteration_at_its_height() -> None:
     chart = learn.text_chart([0.05, 0.5, 1.0], height=4).splitlines()
     assert chart[:4] == ["100% │  █", " 75% │  █", " 50% │ ██", " 25% │▄██"]
     assert len(learn.text_chart([0.5] * 200, width=60).splitlines()[0]) == len("100% │") + 60
+
+
+async def test_the_dashboard_shows_the_demos_store(learned: tuple[learn.Summary, Path]) -> None:
+    """`make demo`'s last line: a gateway over the run's store with the dashboard, opened in Chromium. The list
+    filters, a rollout's trajectory has as many trained and context tokens as the row the trainer got, and the
+    training page has one point per iteration."""
+    import dataclasses
+    import json
+
+    from agl_lite.service import load_config, running_gateway
+    from tests.conftest import gateway_url
+    from tests.e2e.test_dashboard_browser import CHROMIUM, browser_page, log_in
+
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (make test installs Debian's chromium)")
+    _, tmp_path = learned
+    work = tmp_path / "run"
+    config = load_config(work / "dashboard.toml")
+    config = dataclasses.replace(config, server=dataclasses.replace(config.server, port=0))
+    rows = [json.loads(line) for line in (work / "trained.jsonl").read_text().splitlines()]
+    last = rows[-1]  # a rollout of the last iteration, as the trainer got it
+    async with running_gateway(config) as gw, browser_page() as page:
+        base = gateway_url(gw)
+        await log_in(page, base)
+        await page.goto(f"{base}/dashboard/rollouts?status=succeeded")
+        assert await page.locator("#rollouts tbody tr").count() == 50  # a full first page of 128 * iterations
+        await page.goto(f"{base}/dashboard/rollouts?status=failed")
+        assert await page.locator("#rollouts tbody td.empty").count() == 1
+        await page.goto(f"{base}/dashboard/rollouts/{last['rollout_id']}")
+        assert await page.locator("section.row").count() == 1
+        assert await page.locator("section.row .tok.trained").count() == sum(last["response_mask"])
+        assert await page.locator("section.row .tok.ctx").count() == len(last["prompt_ids"])
+        await page.goto(f"{base}/dashboard/training")
+        assert await page.locator("#chart-mean_reward circle.pt").count() == ITERATIONS
+        assert page.errors == [], page.errors

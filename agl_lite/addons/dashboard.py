@@ -72,6 +72,12 @@ class Dashboard:
         _route(
             "dashboard.rollout", "GET", "/dashboard/rollouts/{rollout_id}", "One rollout and its trajectory."
         ),
+        _route(
+            "dashboard.training",
+            "GET",
+            "/dashboard/training",
+            "The trainer's metrics per iteration, as plots.",
+        ),
         *(
             _route(
                 f"dashboard.static.{name}", "GET", f"/dashboard/static/{name}", "A static file.", media=media
@@ -176,6 +182,12 @@ class Dashboard:
             rows, cursor = await self.store.completed(_int(query, "after"), 100, _LONG_POLL_S)
             done = [{"id": r.id, "status": r.status.value, "reward": r.reward} for r in rows]
             return _reply(200, orjson.dumps({"rollouts": done, "cursor": cursor}), "application/json")
+        if name == "dashboard.training":
+            resource = query.get("resource") or pages.TRAINING_RESOURCE
+            if not ID_PATTERN.fullmatch(resource):
+                raise BadRequest("resource: use 1-128 of A-Z a-z 0-9 _ -", param="resource")
+            context = await pages.training_page(self.store, resource)
+            return _reply(200, pages.render("training.html", csrf=session.csrf, **context))
         if name == "dashboard.rollout":
             rollout_id = flow.request.path_params["rollout_id"]
             context = await pages.rollout_page(self.store, rollout_id)

@@ -4,18 +4,29 @@ whatever the store holds) and its template, rendered with every value escaped (a
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import jinja2
 
+from agl_lite.dashboard.plots import Chart, line_chart
 from agl_lite.integrations.trajectory import MergeStats, Row, merge_trajectories
 from agl_lite.store.records import Attempt, Event, LLMCall, Rollout, RolloutStatus
 from agl_lite.store.rules import RolloutFilter, Store
 from agl_lite.store.triplets import rollout_triplets
 
-__all__ = ["PAGE_SIZE", "TokenCell", "Trajectory", "render", "rollout_page", "rollouts_page"]
+__all__ = [
+    "PAGE_SIZE",
+    "TRAINING_RESOURCE",
+    "TokenCell",
+    "Trajectory",
+    "render",
+    "rollout_page",
+    "rollouts_page",
+    "training_page",
+]
 
 PAGE_SIZE = 50
 """Rollouts per page of the list."""
@@ -119,3 +130,47 @@ async def rollout_page(store: Store, rollout_id: str) -> dict[str, Any]:
         "events": events,
         "trajectory": trajectory,
     }
+
+
+TRAINING_RESOURCE = "training"
+"""The resource a trainer puts its metrics to, one version per iteration (`{"iteration": k, "mean_reward": ...}`)."""
+MAX_ITERATIONS = 1000
+_TITLES = {
+    "mean_reward": "Mean reward",
+    "held_out_accuracy": "Held-out accuracy",
+    "accuracy": "Accuracy",
+    "group_reward_spread": "Group reward spread (mean of each group's max - min)",
+    "mismatch": "Logprob mismatch, trainer vs server (mean abs)",
+    "staleness": "Staleness (versions behind)",
+    "rollouts_per_s": "Rollouts per second",
+}
+
+
+async def training_page(store: Store, resource: str) -> dict[str, Any]:
+    """A chart per number the trainer recorded, over the resource's versions (its iterations): the known names
+    first, then any other, each point labelled with its iteration's model version when it has one."""
+    versions = await store.resource_versions(resource, 0, MAX_ITERATIONS)
+    metrics = [v.value for v in versions if isinstance(v.value, dict)]
+    keys: list[str] = []
+    for m in metrics:
+        keys += [k for k, v in m.items() if _number(v) and k != "iteration" and k not in keys]
+    keys.sort(key=lambda k: (k not in _TITLES, list(_TITLES).index(k) if k in _TITLES else 0, k))
+    labels = [
+        str(m.get("version") or m.get("model_version") or m.get("iteration", i))
+        for i, m in enumerate(metrics)
+    ]
+    charts: list[Chart] = [
+        line_chart(
+            _TITLES.get(key, key),
+            [
+                (label, float(m[key]) if _number(m.get(key)) else math.nan)
+                for label, m in zip(labels, metrics, strict=True)
+            ],
+        )
+        for key in keys
+    ]
+    return {"resource": resource, "charts": charts, "keys": keys}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

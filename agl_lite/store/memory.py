@@ -168,6 +168,9 @@ class MemoryRepo:
                 return copy.copy(r)
         return None
 
+    def resource_versions(self, name: str, after: int, limit: int) -> list[Resource]:
+        return [copy.copy(r) for r in self._resources.get(name, ()) if r.version > after][:limit]
+
     def latest_resources(self) -> list[Resource]:
         return [copy.copy(v[-1]) for _, v in sorted(self._resources.items()) if v]
 

@@ -307,6 +307,7 @@ async def run(s: Settings) -> Summary:
     weights = s.workdir / "weights-v0.pt"
     weights.write_bytes(policy_bytes(model))
     key = os.environ.get("AGL_KEY") or secrets.token_hex(32)
+    _dashboard_config(s.workdir, key)
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=0.0)
     rng = random.Random(s.seed + 2)
@@ -385,10 +386,25 @@ async def run(s: Settings) -> Summary:
                     )
                     last_s = it.seconds
                     summary.iterations.append(it)
+                    # The dashboard's training page plots these, one point per iteration (docs/dashboard.md).
+                    await client.put_resource("training", asdict(it))
                     _report(it)
                     advance()
     (s.workdir / "summary.json").write_text(json.dumps(_summary_json(summary), indent=2))
     return summary
+
+
+def _dashboard_config(work: Path, key: str) -> None:
+    """A gateway config that serves only the store and the dashboard over this run's data, and its admin key in a
+    file only this user can read (`AGL_KEY_FILE`): what the run's last line tells the user to start."""
+    (work / "dashboard.toml").write_text(
+        '[server]\nhost = "127.0.0.1"\nport = 8100\n\n[addons]\nchain = ["store", "auth", "store_api", "dashboard"]\n'
+        '\n[addons.store]\npath = "agl-lite.db"\n'
+    )
+    key_file = work / "admin.key"
+    key_file.touch(mode=0o600)
+    key_file.chmod(0o600)
+    key_file.write_text(key + "\n")
 
 
 async def _load(http: aiohttp.ClientSession, load: dict[str, str]) -> None:
@@ -556,6 +572,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"curve: {png}")
     print(f"data: {s.workdir}/summary.json (per iteration), {s.workdir}/trained.jsonl (the trained rows), "
           f"{s.workdir}/agl-lite.db (every rollout and captured call: agl-client with AGL_URL/AGL_KEY)")  # fmt: skip
+    agl = Path(sys.executable).parent / "agl-lite"
+    print(f"dashboard: cd {s.workdir} && AGL_KEY_FILE=admin.key {agl} run --config dashboard.toml, then open "
+          "http://127.0.0.1:8100/dashboard/ (log in with the key in admin.key)")  # fmt: skip
     return 0
 
 

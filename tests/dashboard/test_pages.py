@@ -65,3 +65,28 @@ async def test_the_list_pages_by_enqueue_order_and_points_at_the_cursor_head() -
     ]
     assert rest["next"] is None
     assert first["cursor"] == 0  # nothing ended yet
+
+
+async def test_the_training_page_draws_one_point_per_version_known_metrics_first() -> None:
+    store = MemoryStore()
+    for k in range(4):
+        value = {
+            "iteration": k,
+            "version": f"v{k}",
+            "throughput": 10.0 + k,
+            "mean_reward": 0.2 * k,
+            "ok": True,
+        }
+        await store.put_resource(pages.TRAINING_RESOURCE, value)
+    await store.put_resource(pages.TRAINING_RESOURCE, "not a dict: left out")
+    context = await pages.training_page(store, pages.TRAINING_RESOURCE)
+    assert context["keys"] == [
+        "mean_reward",
+        "throughput",
+    ]  # known first; booleans and iteration are no metric
+    reward = context["charts"][0]
+    assert reward.title == "Mean reward"
+    assert [p.label for p in reward.points] == ["v0: 0", "v1: 0.2", "v2: 0.4", "v3: 0.6"]
+    html = pages.render("training.html", csrf="t", **context).decode()
+    assert html.count('<circle class="pt"') == 2 * 4
+    assert (await pages.training_page(store, "nothing"))["charts"] == []

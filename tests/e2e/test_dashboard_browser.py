@@ -4,6 +4,7 @@ agent's `<script>` shown as text and never run, and no request of the pages answ
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -39,6 +40,7 @@ pytestmark = [
 ]
 HOSTILE = "<script>window.__pwned = 1</script>"
 PROMPT = [1, 2, 3, 4]
+ITERATIONS = 5
 
 
 async def populate(store: Store) -> None:
@@ -58,6 +60,8 @@ async def populate(store: Store) -> None:
         context += [*completion, 7, 8, 9]  # the tool's answer: context for the next turn
     await store.add_events("ro-multi", [EventSpec("reward", {"value": 1.0})])
     await store.finish("ro-multi", RolloutStatus.SUCCEEDED)
+    for k in range(ITERATIONS):  # what a trainer records after each iteration
+        await store.put_resource("training", {"iteration": k, "version": f"v{k}", "mean_reward": 0.1 * k})
 
 
 @pytest.fixture
@@ -69,13 +73,15 @@ async def gateway(gateway_factory: GatewayFactory, tmp_path: Path) -> AsyncItera
         yield gw
 
 
-@pytest.fixture
-async def page(gateway: Gateway) -> AsyncIterator[Any]:
+@contextlib.asynccontextmanager
+async def browser_page() -> AsyncIterator[Any]:
+    """A page of a headless Chromium; `page.errors` collects every failed request, error answer, page error and
+    console error while it is open."""
     async with playwright.async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"], headless=True)
         try:
             tab = await browser.new_page()
-            tab.errors = []  # every failed request, error answer, page error and console error of the test
+            tab.errors = []
             # (a long poll the test navigates away from is aborted by the browser: not an error of the page)
             tab.on(
                 "requestfailed",
@@ -89,6 +95,12 @@ async def page(gateway: Gateway) -> AsyncIterator[Any]:
             yield tab
         finally:
             await browser.close()
+
+
+@pytest.fixture
+async def page(gateway: Gateway) -> AsyncIterator[Any]:
+    async with browser_page() as tab:
+        yield tab
 
 
 async def log_in(page: Any, base: str) -> None:
@@ -129,4 +141,14 @@ async def test_a_trajectory_renders_its_trained_and_context_tokens_and_agent_mar
     assert await page.evaluate("window.__pwned") is None  # the agent's script never ran
     assert HOSTILE in await page.locator("#calls").inner_text()  # it is shown, as text
     assert await page.locator("#calls script").count() == 0
+    assert page.errors == [], page.errors
+
+
+async def test_the_training_plot_has_one_point_per_iteration(gateway: Gateway, page: Any) -> None:
+    base = gateway_url(gateway)
+    await log_in(page, base)
+    await page.click("header nav a[href='/dashboard/training']")
+    await page.wait_for_url(f"{base}/dashboard/training")
+    assert await page.locator("#chart-mean_reward circle.pt").count() == ITERATIONS
+    assert await page.locator("#chart-mean_reward figcaption").inner_text() == "Mean reward"
     assert page.errors == [], page.errors

@@ -502,3 +502,15 @@ async def test_what_the_store_keeps_of_a_write_holds_even_when_its_caller_stops_
     await asyncio.wait_for(told.wait(), 5)  # the shielded write finishes on its own
     assert heard == ["r1"]
     assert await store.rollout_status("r1") is RolloutStatus.CANCELLED
+
+
+async def test_a_resources_versions_are_read_in_pages_oldest_first(store: Store) -> None:
+    for k in range(5):
+        await store.put_resource("training", {"iteration": k})
+    await store.put_resource("other", 1)
+    assert [r.value["iteration"] for r in await store.resource_versions("training")] == [0, 1, 2, 3, 4]
+    page = await store.resource_versions("training", after=2, limit=2)
+    assert [(r.version, r.value["iteration"]) for r in page] == [(3, 2), (4, 3)]
+    assert await store.resource_versions("missing") == []
+    with pytest.raises(BadRequest):
+        await store.resource_versions("training", limit=0)

@@ -431,6 +431,13 @@ class SQLiteRepo:
             ).fetchone()
         return codec.resource_from_json(load_json(row[0])) if row else None
 
+    def resource_versions(self, name: str, after: int, limit: int) -> list[Resource]:
+        rows = self.conn.execute(
+            "SELECT body FROM resources WHERE name = ? AND version > ? ORDER BY version LIMIT ?",
+            (name, after, limit),
+        )
+        return [codec.resource_from_json(load_json(b)) for (b,) in rows]
+
     def latest_resources(self) -> list[Resource]:
         rows = self.conn.execute(
             "SELECT body FROM resources r WHERE version = (SELECT MAX(version) FROM resources WHERE name = r.name)"
