@@ -22,7 +22,7 @@ from agl_lite.core.contract import KeyRole, identify, presented_key
 from agl_lite.core.flow import Flow, Response
 from agl_lite.core.key_source import read_key
 from agl_lite.core.routes import ID_PATTERN, HttpRoute, RouteKind, Scope
-from agl_lite.core.services import LoadContext
+from agl_lite.core.services import METRICS_REGISTRY, LoadContext
 from agl_lite.dashboard import pages
 from agl_lite.dashboard.session import COOKIE, Session, Sessions
 from agl_lite.errors import BadRequest, Forbidden, NotFound
@@ -77,6 +77,9 @@ class Dashboard:
             "GET",
             "/dashboard/training",
             "The trainer's metrics per iteration, as plots.",
+        ),
+        _route(
+            "dashboard.gateway", "GET", "/dashboard/gateway", "The gateway's state: pause, calls, upstreams."
         ),
         *(
             _route(
@@ -182,6 +185,9 @@ class Dashboard:
             rows, cursor = await self.store.completed(_int(query, "after"), 100, _LONG_POLL_S)
             done = [{"id": r.id, "status": r.status.value, "reward": r.reward} for r in rows]
             return _reply(200, orjson.dumps({"rollouts": done, "cursor": cursor}), "application/json")
+        if name == "dashboard.gateway":
+            context = pages.gateway_page(self._ctx.services.get(METRICS_REGISTRY))
+            return _reply(200, pages.render("gateway.html", csrf=session.csrf, **context))
         if name == "dashboard.training":
             resource = query.get("resource") or pages.TRAINING_RESOURCE
             if not ID_PATTERN.fullmatch(resource):

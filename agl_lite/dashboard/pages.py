@@ -22,6 +22,8 @@ __all__ = [
     "TRAINING_RESOURCE",
     "TokenCell",
     "Trajectory",
+    "UpstreamRow",
+    "gateway_page",
     "render",
     "rollout_page",
     "rollouts_page",
@@ -124,6 +126,7 @@ async def rollout_page(store: Store, rollout_id: str) -> dict[str, Any]:
     rows, stats = merge_trajectories((await rollout_triplets(store, rollout_id)).triplets)
     trajectory = Trajectory([token_cells(r) for r in rows], stats, [r.model_version for r in rows])
     return {
+        "tokens": await store.tokens_used(rollout_id),
         "rollout": rollout,
         "attempts": attempts,
         "calls": calls,
@@ -174,3 +177,65 @@ async def training_page(store: Store, resource: str) -> dict[str, Any]:
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(slots=True)
+class UpstreamRow:
+    model: str
+    upstream: str
+    in_flight: float = 0.0
+    cooling: bool = False
+    requests: dict[str, float] | None = None
+    """Attempts by outcome (`2xx`, `4xx`, `5xx`, `error`, `cancelled`)."""
+    errors: float = 0.0
+
+
+def gateway_page(registry: Any | None) -> dict[str, Any]:
+    """The gateway's state as its own metrics say it (`metrics`, `control` and `route` export them): pause and
+    drain, calls in flight and held, each upstream's load, health and outcomes, and time to first byte per model.
+    None without the `metrics` addon."""
+    if registry is None:
+        return {"metrics": False}
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in registry.collect():
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+
+    def one(name: str) -> float | None:
+        values = samples.get(name)
+        return values[0][1] if values else None
+
+    upstreams: dict[tuple[str, str], UpstreamRow] = {}
+
+    def row(labels: dict[str, str]) -> UpstreamRow:
+        key = (labels.get("model", ""), labels.get("upstream", ""))
+        return upstreams.setdefault(key, UpstreamRow(*key, requests={}))
+
+    for labels, value in samples.get("agl_upstream_in_flight", []):
+        row(labels).in_flight = value
+    for labels, value in samples.get("agl_upstream_cooling", []):
+        row(labels).cooling = value > 0
+    for labels, value in samples.get("agl_upstream_requests_total", []):
+        counts = row(labels).requests
+        assert counts is not None
+        counts[labels.get("status", "")] = counts.get(labels.get("status", ""), 0.0) + value
+    for labels, value in samples.get("agl_upstream_errors_total", []):
+        row(labels).errors += value
+    first_byte: dict[str, list[float]] = {}
+    for suffix in ("_sum", "_count"):
+        for labels, value in samples.get("agl_llm_time_to_first_byte_seconds" + suffix, []):
+            first_byte.setdefault(labels.get("model", ""), []).append(value)
+    mean_first_byte = {m: (v[0] / v[1] if len(v) == 2 and v[1] else None) for m, v in first_byte.items()}
+    tokens: dict[str, dict[str, float]] = {}
+    for labels, value in samples.get("agl_llm_tokens_total", []):
+        tokens.setdefault(labels.get("model", ""), {})[labels.get("kind", "")] = value
+    return {
+        "metrics": True,
+        "paused": one("agl_gateway_paused"),
+        "held": one("agl_gateway_held_requests"),
+        "admitted": one("agl_gateway_in_flight_requests"),
+        "in_flight": one("agl_llm_in_flight"),
+        "upstreams": sorted(upstreams.values(), key=lambda r: (r.model, r.upstream)),
+        "first_byte": mean_first_byte,
+        "tokens": tokens,
+    }

@@ -17,6 +17,7 @@ from agl_lite.core.contract import derive_key
 from agl_lite.core.server import Gateway
 from agl_lite.store.records import RolloutStatus
 from agl_lite.store.rules import EventSpec
+from agl_lite.testing import MockVLLM, running_mock
 from tests.client.conftest import NO_UPSTREAM, make_call, running, sqlite_options, store_of
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 
@@ -167,3 +168,26 @@ async def test_filters_and_pages(gateway: Gateway, http: aiohttp.ClientSession) 
     assert len(await ids(f"after={after[1]}")) == 10
     async with http.get(f"{base}/dashboard/rollouts?status=nope", headers=headers) as resp:
         assert resp.status == 400
+
+
+async def test_the_gateway_page_shows_pause_and_each_upstreams_outcomes(
+    gateway_factory: GatewayFactory, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    async with running_mock(MockVLLM(("m",))) as url:
+        addons = sqlite_options(tmp_path / "store.db")
+        async with gateway_factory({"m": [url]}, chain=DEFAULT_CHAIN, addons=addons) as gw:
+            base, headers = gateway_url(gw), {"Authorization": f"Bearer {ADMIN_KEY}"}
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+            async with http.post(f"{base}/v1/chat/completions", json=body, headers=headers) as resp:
+                assert resp.status == 200
+            async with http.post(
+                f"{base}/api/gateway/pause", json={"mode": "reject"}, headers=headers
+            ) as resp:
+                assert resp.status == 200
+            async with http.get(f"{base}/dashboard/gateway", headers=headers) as resp:
+                page = await resp.text()
+    assert resp.status == 200
+    assert '<dd id="paused">paused</dd>' in page
+    (row,) = re.findall(r"<tr><td>m</td><td><code>(.*?)</code></td>\s*<td class=\"(\w+)\">.*?</td>\s*<td>(\d+)</td>"
+                        r"\s*<td>(.*?)</td>", page, re.S)  # fmt: skip
+    assert row == (url, "healthy", "0", "2xx: 1")

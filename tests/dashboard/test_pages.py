@@ -45,6 +45,7 @@ async def test_a_multi_turn_rollout_renders_one_row_with_its_masked_tokens() -> 
         await store.add_call(c)
     await store.finish("r", RolloutStatus.SUCCEEDED)
     context = await pages.rollout_page(store, "r")
+    assert context["tokens"] == sum(sum(c.tokens()) for c in (first, second))
     (row,) = context["trajectory"].rows
     assert sum(not c.trained for c in row) == 3 + 2  # the prompt and the observation
     assert sum(c.trained for c in row) == 2 + 3  # both completions

@@ -144,11 +144,16 @@ async def test_a_trajectory_renders_its_trained_and_context_tokens_and_agent_mar
     assert page.errors == [], page.errors
 
 
-async def test_the_training_plot_has_one_point_per_iteration(gateway: Gateway, page: Any) -> None:
+async def test_the_training_plot_has_one_point_per_iteration_and_the_gateway_page_opens(
+    gateway: Gateway, page: Any
+) -> None:
     base = gateway_url(gateway)
     await log_in(page, base)
     await page.click("header nav a[href='/dashboard/training']")
     await page.wait_for_url(f"{base}/dashboard/training")
     assert await page.locator("#chart-mean_reward circle.pt").count() == ITERATIONS
     assert await page.locator("#chart-mean_reward figcaption").inner_text() == "Mean reward"
+    await page.click("header nav a[href='/dashboard/gateway']")
+    await page.wait_for_url(f"{base}/dashboard/gateway")
+    assert await page.locator("#paused").inner_text() == "flowing"
     assert page.errors == [], page.errors
