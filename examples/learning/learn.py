@@ -106,6 +106,10 @@ class Iteration:
     version_errors: int
     mask_errors: int
     failed_rollouts: int
+    group_reward_spread: float = 0.0
+    """Mean over the GRPO groups of max - min reward: 0 where a group's samples all agree (no learning signal)."""
+    staleness: float = 0.0
+    """Mean versions between the weights that sampled a row and the weights it trains (0: on-policy)."""
 
 
 @dataclass(slots=True)
@@ -383,6 +387,8 @@ async def run(s: Settings) -> Summary:
                         version_errors=version_errors,
                         mask_errors=mask_errors,
                         failed_rollouts=result.metrics.failed_rollouts,
+                        group_reward_spread=_group_spread(result.batch.uid, data),
+                        staleness=_staleness(result.batch.model_versions, k - 1),
                     )
                     last_s = it.seconds
                     summary.iterations.append(it)
@@ -392,6 +398,19 @@ async def run(s: Settings) -> Summary:
                     advance()
     (s.workdir / "summary.json").write_text(json.dumps(_summary_json(summary), indent=2))
     return summary
+
+
+def _group_spread(groups: Sequence[str], data: Any) -> float:
+    rewards: dict[str, list[float]] = {}
+    for group, reward in zip(groups, data.batch["token_level_scores"].sum(-1).tolist(), strict=True):
+        rewards.setdefault(group, []).append(reward)
+    return sum(max(r) - min(r) for r in rewards.values()) / len(rewards) if rewards else 0.0
+
+
+def _staleness(versions: Sequence[str | None], trained: int) -> float:
+    """How many versions behind `v{trained}` (the weights this update starts from) the rows were sampled."""
+    behind = [trained - int(v[1:]) for v in versions if v and v[:1] == "v" and v[1:].isdigit()]
+    return sum(behind) / len(behind) if behind else 0.0
 
 
 def _dashboard_config(work: Path, key: str) -> None:
