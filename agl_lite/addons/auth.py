@@ -79,6 +79,8 @@ class Auth:
             return
         key = presented_key(flow.request.headers)
         if key is None:
+            if route.scope is Scope.SESSION:
+                return  # (the route's addon checks its own session)
             raise Unauthorized("missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
         principal = self._valid.get(key)
         if principal is None:
@@ -96,7 +98,7 @@ class Auth:
                 await self.store.agent_gate(rollout_id, flow.request.path_params["attempt_id"])
             self._admit(flow, principal.role, rollout_id)
             return
-        if route.scope is Scope.ADMIN:
+        if route.scope in (Scope.ADMIN, Scope.SESSION):
             raise Forbidden(f"{route.method} {route.path} needs the admin key")
         if principal.role is not _ROLE_FOR_SCOPE[route.scope]:
             raise Forbidden(f"a {principal.role.value} key cannot call {route.method} {route.path}")

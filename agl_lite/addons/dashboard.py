@@ -5,7 +5,8 @@ Its pages are server-rendered HTML (`agl_lite.dashboard`), every value escaped, 
 Content-Security-Policy (no inline script or style, nothing from elsewhere). It opens with the admin key only: sent
 as `Authorization: Bearer`, or once to the login form, which exchanges it for a session cookie (`HttpOnly`,
 `SameSite=Strict`); an agent's or grader's key gets 403. Forms that change state (login, logout) carry a CSRF
-token. Its routes are public to `auth`: the addon checks the key or the session itself, before anything is read.
+token. Its pages have the `session` scope: `auth` holds a key that is sent to the admin rule and lets a request
+without one through, and this addon checks the session cookie before anything is read.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ import orjson
 from multidict import CIMultiDict
 
 from agl_lite.core.config import GatewayConfig
-from agl_lite.core.contract import KeyRole, identify, presented_key
+from agl_lite.core.contract import KeyRole, identify
 from agl_lite.core.flow import Flow, Response
 from agl_lite.core.key_source import read_key
 from agl_lite.core.routes import ID_PATTERN, HttpRoute, RouteKind, Scope
 from agl_lite.core.services import METRICS_REGISTRY, LoadContext
 from agl_lite.dashboard import pages
 from agl_lite.dashboard.session import COOKIE, Session, Sessions
-from agl_lite.errors import BadRequest, Forbidden, NotFound
+from agl_lite.errors import BadRequest, NotFound
 from agl_lite.store.records import RolloutStatus
 from agl_lite.store.rules import STORE, Store
 
@@ -46,8 +47,10 @@ _STATIC = {
 }
 
 
-def _route(name: str, method: str, path: str, summary: str, media: str = "text/html") -> HttpRoute:
-    return HttpRoute(name, method, path, Scope.PUBLIC, RouteKind.API, summary, media=media)
+def _route(
+    name: str, method: str, path: str, summary: str, media: str = "text/html", scope: Scope = Scope.SESSION
+) -> HttpRoute:
+    return HttpRoute(name, method, path, scope, RouteKind.PAGE, summary, media=media)
 
 
 class Dashboard:
@@ -58,8 +61,20 @@ class Dashboard:
 
     routes = (
         _route("dashboard", "GET", "/dashboard", "The dashboard (its rollouts page)."),
-        _route("dashboard.login_form", "GET", "/dashboard/login", "The dashboard's login form."),
-        _route("dashboard.login", "POST", "/dashboard/login", "Exchange the admin key for a session cookie."),
+        _route(
+            "dashboard.login_form",
+            "GET",
+            "/dashboard/login",
+            "The dashboard's login form.",
+            scope=Scope.PUBLIC,
+        ),
+        _route(
+            "dashboard.login",
+            "POST",
+            "/dashboard/login",
+            "Exchange the admin key for a session cookie.",
+            scope=Scope.PUBLIC,
+        ),
         _route("dashboard.logout", "POST", "/dashboard/logout", "End the dashboard session."),
         _route("dashboard.rollouts", "GET", "/dashboard/rollouts", "Rollouts, filtered, in pages."),
         _route(
@@ -83,7 +98,7 @@ class Dashboard:
         ),
         *(
             _route(
-                f"dashboard.static.{name}", "GET", f"/dashboard/static/{name}", "A static file.", media=media
+                f"dashboard.static.{name}", "GET", f"/dashboard/static/{name}", "A file.", media, Scope.PUBLIC
             )
             for name, media in _STATIC.items()
         ),
@@ -129,13 +144,9 @@ class Dashboard:
     # --- who may look ----------------------------------------------------------------------------------------
 
     def _session(self, flow: Flow) -> Session | None:
-        """The flow's session: its cookie's, or a one-request session for the admin key sent as a bearer key. An
-        agent's or grader's key is refused outright."""
-        key = presented_key(flow.request.headers)
-        if key is not None:
-            principal = identify(self.admin_key, key)
-            if principal is None or principal.role is not KeyRole.ADMIN:
-                raise Forbidden("the dashboard needs the admin key")
+        """The flow's session: its cookie's, or a one-request session when `auth` admitted the admin key (on these
+        routes it refuses any other key: `Scope.SESSION`)."""
+        if flow.metadata.get("auth.role") is KeyRole.ADMIN:
             return Session(csrf="", expires=0.0)  # (no form of a page shown this way can post)
         return self.sessions.get(_cookies(flow).get(COOKIE))
 
@@ -152,7 +163,7 @@ class Dashboard:
         form = _form(flow)
         nonce = _cookies(flow).get(_LOGIN_COOKIE)
         if not nonce or not Session(nonce, 0.0).csrf_ok(form.get("csrf")):
-            return self._login_form(flow, "The form expired or came from elsewhere: log in again.", 403)
+            return self._login_form(flow, "The form expired or came from elsewhere: log in again.", 400)
         principal = identify(self.admin_key, form.get("key") or "")
         if principal is None or principal.role is not KeyRole.ADMIN:
             return self._login_form(flow, "That is not the admin key.", 401)
@@ -164,7 +175,7 @@ class Dashboard:
 
     def _logout(self, flow: Flow, session: Session) -> Response:
         if not session.csrf_ok(_form(flow).get("csrf")):
-            raise Forbidden("the logout form came without its CSRF token")
+            raise BadRequest("the logout form came without its CSRF token", param="csrf")
         self.sessions.drop(_cookies(flow).get(COOKIE))
         response = _see_other("/dashboard/login")
         response.headers.add("Set-Cookie", self._cookie(COOKIE, "", max_age=0))

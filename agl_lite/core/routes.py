@@ -41,6 +41,9 @@ class Scope(StrEnum):
     """The grader key of the rollout in the path (or the admin key)."""
     ADMIN = "admin"
     """Only the admin key (`AGL_KEY`)."""
+    SESSION = "session"
+    """The admin key, or a browser session the route's addon checks itself (the dashboard's cookie): `auth` lets a
+    request without a key through, and holds a key that is sent to the admin scope's rule."""
 
 
 class RouteKind(StrEnum):
@@ -48,6 +51,9 @@ class RouteKind(StrEnum):
     """Forwarded to an inference upstream; captured."""
     API = "api"
     """Answered by an addon."""
+    PAGE = "page"
+    """A page of the web dashboard (HTML, or the JSON its own script asks for): answered by an addon, and not part
+    of the API's OpenAPI document."""
 
 
 _PARAM = re.compile(r"\{([a-z_]+)(?::(path))?\}")

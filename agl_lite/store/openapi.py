@@ -51,6 +51,8 @@ def document(routes: Iterable[HttpRoute]) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     schemas: dict[str, Any] = {"Error": ERROR, "OpenAIError": OPENAI_ERROR, "JsonValue": JSON_VALUE}
     for route in routes:
+        if route.kind is RouteKind.PAGE:
+            continue
         op: dict[str, Any] = {
             "operationId": route.name,
             "summary": route.summary,

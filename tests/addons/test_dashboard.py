@@ -57,9 +57,9 @@ async def test_pages_need_the_admin_key_or_a_session_and_refuse_agent_keys(
         assert (resp.status, resp.headers["Location"]) == (303, "/dashboard/login")
     async with http.get(f"{base}/dashboard/rollouts/completed") as resp:
         assert resp.status == 401
-    for key in (derive_key(ADMIN_KEY, "ro-1"), "not-a-key-at-all-0123456789"):
+    for key, status in ((derive_key(ADMIN_KEY, "ro-1"), 403), ("not-a-key-at-all-0123456789", 401)):
         async with http.get(f"{base}/dashboard/rollouts", headers={"Authorization": f"Bearer {key}"}) as resp:
-            assert resp.status == 403
+            assert resp.status == status
     async with http.get(
         f"{base}/dashboard/rollouts", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
     ) as resp:
@@ -87,7 +87,7 @@ async def test_login_exchanges_the_key_for_an_http_only_strict_cookie_and_logout
     csrf = re.search(r'name="csrf" value="([^"]+)"', text)
     assert csrf is not None
     async with http.post(f"{base}/dashboard/logout", data={"csrf": "forged"}, allow_redirects=False) as resp:
-        assert resp.status == 403
+        assert resp.status == 400
     async with http.post(f"{base}/dashboard/logout", data={"csrf": csrf[1]}, allow_redirects=False) as resp:
         assert resp.status == 303
     async with http.get(f"{base}/dashboard/rollouts", allow_redirects=False) as resp:
@@ -98,7 +98,7 @@ async def test_a_login_form_posted_from_elsewhere_is_refused(gateway: Gateway) -
     base = gateway_url(gateway)
     async with aiohttp.ClientSession() as fresh:  # no login cookie: the form was not this browser's
         async with fresh.post(f"{base}/dashboard/login", data={"csrf": "x", "key": ADMIN_KEY}) as resp:
-            assert resp.status == 403
+            assert resp.status == 400
             assert not [c for c in resp.headers.getall("Set-Cookie", []) if c.startswith("agl_dashboard=")]
 
 
@@ -191,3 +191,10 @@ async def test_the_gateway_page_shows_pause_and_each_upstreams_outcomes(
     (row,) = re.findall(r"<tr><td>m</td><td><code>(.*?)</code></td>\s*<td class=\"(\w+)\">.*?</td>\s*<td>(\d+)</td>"
                         r"\s*<td>(.*?)</td>", page, re.S)  # fmt: skip
     assert row == (url, "healthy", "0", "2xx: 1")
+
+
+async def test_the_pages_stay_out_of_the_api_document(gateway: Gateway, http: aiohttp.ClientSession) -> None:
+    async with http.get(f"{gateway_url(gateway)}/api/openapi.json") as resp:
+        paths = (await resp.json())["paths"]
+    assert "/api/rollouts" in paths
+    assert not [p for p in paths if p.startswith("/dashboard")]

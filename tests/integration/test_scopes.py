@@ -29,10 +29,21 @@ KEYS: dict[str, str | None] = {
 }
 
 ALLOWED = "allowed"
+SESSION_CHECK = "the addon's session check"
+"""No key on a `session` route: auth lets it through, and the addon answers without a session (the dashboard: a
+redirect to its login form, or 401 on the JSON its page script asks for)."""
 EXPECTED: dict[Scope, dict[str, int | str]] = {
     Scope.PUBLIC: dict.fromkeys(KEYS, ALLOWED),
     Scope.ADMIN: {
         "none": 401,
+        "wrong": 401,
+        "agent": 403,
+        "grader": 403,
+        "admin": ALLOWED,
+        "other_rollout": 403,
+    },
+    Scope.SESSION: {
+        "none": SESSION_CHECK,
         "wrong": 401,
         "agent": 403,
         "grader": 403,
@@ -94,10 +105,16 @@ async def test_every_route_and_key_gets_the_status_its_scope_says(gateway: Gatew
                 # valid for an LLM call, rejected (400, nothing changed) by every API payload model
                 body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "prompt": "x"}
                 async with s.request(
-                    route.method, gateway_url(gateway) + concrete(route), json=body, headers=headers
+                    route.method,
+                    gateway_url(gateway) + concrete(route),
+                    json=body,
+                    headers=headers,
+                    allow_redirects=False,
                 ) as r:
                     expected = EXPECTED[route.scope][key_name]
                     got: int | str = ALLOWED if r.status not in (401, 403) else r.status
+                    if expected == SESSION_CHECK and r.status in (303, 401):
+                        got = SESSION_CHECK
                     if r.status in (401, 403):
                         # (Anthropic routes answer in Anthropic's error types; Responses routes as OpenAI does,
                         # with the gateway's type as the code)
