@@ -9,7 +9,7 @@ VERL_STAMP := $(VENV)/.installed-verl
 DEMO_STAMP := $(VENV)/.installed-demo
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: help venv verl lint typecheck test test-fast run demo demo-math demo-vllm-cpu bench-gateway bench-store bench-stream soak docs clean
+.PHONY: help venv verl lint typecheck test test-fast run demo demo-math demo-vllm-cpu bench-gateway bench-store bench-stream bench-dashboard soak docs clean
 
 help:
 	@echo "make demo           GRPO trains a small policy through the whole loop on CPU, ~5 min (creates $(VENV))"
@@ -18,6 +18,8 @@ help:
 	@echo "make test           lint, types, layering and the whole test suite (creates $(VENV))"
 	@echo "make run            the gateway on :8100 in front of the mock vLLM on :8000"
 	@echo "make codex          Codex CLI (pinned, npm) for examples/codex and its tests (make test installs it)"
+	@echo "make chromium       Debian's Chromium for the dashboard's browser tests (apt, as root; make test installs it)"
+	@echo "make bench-dashboard the dashboard's first render on a 1M-call store (bench/dashboard.py)"
 	@echo "make bench-gateway  side-by-side gateway benchmark (needs 'hey': apt-get install hey)"
 	@echo "make bench-store    store figures on SQLite and memory, side by side, and the gateway with full capture"
 	@echo "make bench-stream   per-chunk relay delay and memory per idle stream, with full capture"
@@ -134,6 +136,9 @@ bench-gateway: $(STAMP)
 bench-store: $(STAMP)
 	@command -v hey >/dev/null || { echo "bench-store needs 'hey' (apt-get install hey)"; exit 2; }
 	$(BIN)/python bench/store.py --markdown
+
+bench-dashboard: $(STAMP)
+	$(BIN)/python bench/dashboard.py
 
 bench-stream: $(STAMP)
 	$(BIN)/python bench/stream.py --markdown
