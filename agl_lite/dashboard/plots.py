@@ -33,8 +33,13 @@ class Chart:
     height: int = HEIGHT
 
 
-def _fmt(v: float) -> str:
-    return f"{v:.3g}" if v == 0 or 1e-3 <= abs(v) < 1e4 else f"{v:.2e}"
+def _fmt(v: float, step: float = 0.0) -> str:
+    """`v` with as many decimals as `step` (the gap between two ticks) needs to tell them apart."""
+    if v != 0 and not 1e-3 <= abs(v) < 1e6:
+        return f"{v:.2e}"
+    if step > 0:
+        return f"{v:.{max(0, min(6, 1 - math.floor(math.log10(step))))}f}"
+    return f"{v:.3g}"
 
 
 def line_chart(title: str, values: Sequence[tuple[str, float]]) -> Chart:
@@ -55,7 +60,7 @@ def line_chart(title: str, values: Sequence[tuple[str, float]]) -> Chart:
         return round(_TOP + plot_h * (hi - y) / (hi - lo), 1)
 
     points = [Point(sx(i), sy(y), f"{label}: {_fmt(y)}") for i, label, y in kept]
-    y_ticks = [(sy(lo + (hi - lo) * k / 4), _fmt(lo + (hi - lo) * k / 4)) for k in range(5)]
+    y_ticks = [(sy(lo + (hi - lo) * k / 4), _fmt(lo + (hi - lo) * k / 4, (hi - lo) / 4)) for k in range(5)]
     step = max(1, math.ceil(n / 8))
     x_ticks = [(sx(i), values[i][0]) for i in range(0, n, step)]
     return Chart(title, points, " ".join(f"{p.x},{p.y}" for p in points), y_ticks, x_ticks)
