@@ -12,6 +12,7 @@ without one through, and this addon checks the session cookie before anything is
 from __future__ import annotations
 
 import importlib.resources
+import secrets
 from http.cookies import SimpleCookie
 from urllib.parse import parse_qs
 
@@ -153,7 +154,7 @@ class Dashboard:
     def _login_form(self, flow: Flow, error: str | None, status: int) -> Response:
         if error is None and self._session(flow) is not None:
             return _see_other("/dashboard/rollouts")
-        nonce = Sessions().create()[1].csrf  # a fresh random value, bound to this browser by its cookie
+        nonce = secrets.token_urlsafe(24)  # bound to this browser by its own cookie (`_LOGIN_COOKIE`)
         body = pages.render("login.html", csrf="", login_csrf=nonce, error=error)
         response = _reply(status, body)
         response.headers.add("Set-Cookie", self._cookie(_LOGIN_COOKIE, nonce, max_age=600))
