@@ -14,7 +14,7 @@ from agl_lite.core.contract import KeyRole, Principal, identify, presented_key
 from agl_lite.core.flow import Flow
 from agl_lite.core.key_source import key_file, read_key
 from agl_lite.core.routes import RouteKind, Scope
-from agl_lite.core.services import LoadContext
+from agl_lite.core.services import ADMIN_KEY, LoadContext
 from agl_lite.errors import ConfigError, Forbidden, Unauthorized
 from agl_lite.store.records import RolloutStatus
 from agl_lite.store.rules import STORE, Store
@@ -50,6 +50,7 @@ class Auth:
 
     def load(self, ctx: LoadContext) -> None:
         self._ctx = ctx
+        ctx.services.provide(ADMIN_KEY, lambda: self.admin_key, by="auth")
 
     def configure(self, config: GatewayConfig, options: Auth.Options | None) -> None:
         options = options or Auth.Options()

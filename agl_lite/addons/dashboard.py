@@ -22,12 +22,11 @@ from multidict import CIMultiDict
 from agl_lite.core.config import GatewayConfig
 from agl_lite.core.contract import KeyRole, identify
 from agl_lite.core.flow import Flow, Response
-from agl_lite.core.key_source import read_key
 from agl_lite.core.routes import ID_PATTERN, HttpRoute, RouteKind, Scope
-from agl_lite.core.services import METRICS_REGISTRY, LoadContext
+from agl_lite.core.services import ADMIN_KEY, METRICS_REGISTRY, LoadContext
 from agl_lite.dashboard import pages
 from agl_lite.dashboard.session import COOKIE, Session, Sessions
-from agl_lite.errors import BadRequest, NotFound
+from agl_lite.errors import BadRequest, HttpError, PayloadTooLarge
 from agl_lite.store.records import RolloutStatus
 from agl_lite.store.rules import STORE, Store
 
@@ -40,6 +39,7 @@ CSP = (
 """Only the dashboard's own script and stylesheet run or apply: markup an agent wrote cannot."""
 _LOGIN_COOKIE = "agl_dashboard_login"
 _LONG_POLL_S = 25.0
+_MAX_FORM_BYTES = 4096
 _STATUSES = frozenset(s.value for s in RolloutStatus)
 _STATIC = {
     "dashboard.css": "text/css; charset=utf-8",
@@ -62,6 +62,7 @@ class Dashboard:
 
     routes = (
         _route("dashboard", "GET", "/dashboard", "The dashboard (its rollouts page)."),
+        _route("dashboard.slash", "GET", "/dashboard/", "The dashboard (its rollouts page)."),
         _route(
             "dashboard.login_form",
             "GET",
@@ -117,8 +118,9 @@ class Dashboard:
 
     def configure(self, config: GatewayConfig, options: None) -> None:
         self.store: Store = self._ctx.services.require(STORE, by="dashboard")
-        self.admin_key = read_key("AGL_KEY")
-        self.secure = config.public_url.startswith("https:")
+        # The key `auth` checks (its `key_env`), not one of our own: two readings of two variables could disagree.
+        self._admin_key = self._ctx.services.require(ADMIN_KEY, by="dashboard")
+        self.secure = config.public_url.lower().startswith("https:")
 
     async def request(self, flow: Flow) -> None:
         name = flow.route.name
@@ -140,7 +142,12 @@ class Dashboard:
             elif name == "dashboard.logout":
                 flow.response = self._logout(flow, session)
             else:
-                flow.response = await self._page(flow, session)
+                try:
+                    flow.response = await self._page(flow, session)
+                except HttpError as exc:  # with the pages' own headers (CSP, nosniff, no-store)
+                    response = _reply(exc.status, orjson.dumps(exc.body()), "application/json")
+                    response.headers.update(exc.headers)
+                    flow.response = response
 
     # --- who may look ----------------------------------------------------------------------------------------
 
@@ -161,11 +168,14 @@ class Dashboard:
         return response
 
     def _login(self, flow: Flow) -> Response:
-        form = _form(flow)
         nonce = _cookies(flow).get(_LOGIN_COOKIE)
+        if len(flow.request.body) > _MAX_FORM_BYTES:  # (before any parsing: anyone may post here)
+            raise PayloadTooLarge(f"a login form is at most {_MAX_FORM_BYTES} bytes")
+        form = _form(flow) if nonce else {}
         if not nonce or not Session(nonce, 0.0).csrf_ok(form.get("csrf")):
             return self._login_form(flow, "The form expired or came from elsewhere: log in again.", 400)
-        principal = identify(self.admin_key, form.get("key") or "")
+        admin, key = self._admin_key(), form.get("key") or ""
+        principal = identify(admin, key) if admin and key else None
         if principal is None or principal.role is not KeyRole.ADMIN:
             return self._login_form(flow, "That is not the admin key.", 401)
         token, _ = self.sessions.create()
@@ -191,7 +201,7 @@ class Dashboard:
     async def _page(self, flow: Flow, session: Session) -> Response:
         name = flow.route.name
         query = _query(flow)
-        if name == "dashboard":
+        if name in ("dashboard", "dashboard.slash"):
             return _see_other("/dashboard/rollouts")
         if name == "dashboard.completed":
             rows, cursor = await self.store.completed(_int(query, "after"), 100, _LONG_POLL_S)
@@ -215,7 +225,7 @@ class Dashboard:
             raise BadRequest(f"unknown status {status!r}", param="status")
         group = query.get("group_id") or None
         if group is not None and not ID_PATTERN.fullmatch(group):
-            raise NotFound("no such group")
+            raise BadRequest("group_id: use 1-128 of A-Z a-z 0-9 _ -", param="group_id")
         context = await pages.rollouts_page(
             self.store,
             RolloutStatus(status) if status else None,
@@ -271,7 +281,7 @@ def _form(flow: Flow) -> dict[str, str]:
         text = flow.request.body.decode()
     except UnicodeDecodeError:
         return {}
-    return {k: v[-1] for k, v in parse_qs(text).items()}
+    return {k: v[-1] for k, v in parse_qs(text, max_num_fields=8).items()}
 
 
 def _int(query: dict[str, str], name: str) -> int:

@@ -5,6 +5,7 @@ Keys are typed (`ServiceKey[T]`), like aiohttp's `AppKey`: a store addon provide
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
@@ -13,7 +14,7 @@ from agl_lite.core.routes import HttpRoute
 from agl_lite.core.tasks import TaskSet
 from agl_lite.errors import ConfigError
 
-__all__ = ["METRICS_REGISTRY", "LoadContext", "ServiceKey", "Services"]
+__all__ = ["ADMIN_KEY", "METRICS_REGISTRY", "LoadContext", "ServiceKey", "Services"]
 
 T = TypeVar("T")
 
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 
 METRICS_REGISTRY: ServiceKey[CollectorRegistry] = ServiceKey("metrics")
 """The registry `/metrics` exposes (provided by the `metrics` addon): other addons add their gauges to it."""
+ADMIN_KEY: ServiceKey[Callable[[], str]] = ServiceKey("admin_key")
+"""The admin key `auth` checks keys against (its `key_env`), provided by the `auth` addon: a function, since the
+key is read when `auth` is configured."""
 
 
 class Services:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jinja2
+import orjson
 
 from agl_lite.dashboard.plots import Chart, line_chart
 from agl_lite.integrations.trajectory import MergeStats, Row, merge_trajectories
@@ -24,6 +25,7 @@ __all__ = [
     "Trajectory",
     "UpstreamRow",
     "gateway_page",
+    "prompt_preview",
     "render",
     "rollout_page",
     "rollouts_page",
@@ -35,6 +37,11 @@ PAGE_SIZE = 50
 MAX_CALLS = 200
 """Calls shown on a rollout's page (the calls API pages through the rest)."""
 MAX_EVENTS = 500
+MAX_TRAJECTORY_CALLS = MAX_CALLS
+"""A rollout with more calls is shown without its merged trajectory: the page's cost must stay bounded whatever
+an agent does (its token budget, when it has one, bounds it as well)."""
+MAX_TOKENS_SHOWN = 50_000
+"""Tokens of a trajectory shown, all rows together; the rest is counted, not drawn."""
 PAGE_BYTES = 4 * 1024 * 1024
 """Stored bytes of calls or events one page reads at most."""
 
@@ -92,6 +99,28 @@ class Trajectory:
     versions: list[str | None]
 
 
+def _bounded(rows: list[list[TokenCell]]) -> list[list[TokenCell]]:
+    out, left = [], MAX_TOKENS_SHOWN
+    for row in rows:
+        out.append(row[:left])
+        left = max(0, left - len(row))
+    return out
+
+
+def prompt_preview(call: LLMCall) -> tuple[str, str]:
+    """The role and text of a call's last prompt message, whatever shape the agent sent: a request that failed
+    validation is stored as it came (a string, a list, a message that is no object), and must not break the page."""
+    request = call.request
+    messages = request.get("messages") if isinstance(request, dict) else None
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
+        role, content = messages[-1].get("role"), messages[-1].get("content")
+        text = content if isinstance(content, str) else orjson.dumps(content, default=str).decode()
+        return (role if isinstance(role, str) else "", text[:4000])
+    if request is None:
+        return ("", "")
+    return ("", orjson.dumps(request, default=str).decode()[:4000])
+
+
 _SHADES = ((-0.1, "lp0"), (-0.5, "lp1"), (-1.0, "lp2"), (-2.0, "lp3"))
 
 
@@ -123,8 +152,12 @@ async def rollout_page(store: Store, rollout_id: str) -> dict[str, Any]:
     attempts: list[Attempt] = await store.attempts(rollout_id)
     calls: list[LLMCall] = await store.calls(rollout_id, limit=MAX_CALLS, max_bytes=PAGE_BYTES)
     events: list[Event] = await store.events(rollout_id, limit=MAX_EVENTS, max_bytes=PAGE_BYTES)
-    rows, stats = merge_trajectories((await rollout_triplets(store, rollout_id)).triplets)
-    trajectory = Trajectory([token_cells(r) for r in rows], stats, [r.model_version for r in rows])
+    trajectory = None
+    if len(calls) < MAX_TRAJECTORY_CALLS:
+        rows, stats = merge_trajectories((await rollout_triplets(store, rollout_id)).triplets)
+        trajectory = Trajectory(
+            _bounded([token_cells(r) for r in rows]), stats, [r.model_version for r in rows]
+        )
     return {
         "tokens": await store.tokens_used(rollout_id),
         "rollout": rollout,
@@ -132,6 +165,8 @@ async def rollout_page(store: Store, rollout_id: str) -> dict[str, Any]:
         "calls": calls,
         "events": events,
         "trajectory": trajectory,
+        "max_trajectory_calls": MAX_TRAJECTORY_CALLS,
+        "previews": [prompt_preview(c) for c in calls],
     }
 
 

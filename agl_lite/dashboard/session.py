@@ -26,7 +26,8 @@ class Session:
     expires: float
 
     def csrf_ok(self, given: str | None) -> bool:
-        return given is not None and hmac.compare_digest(given, self.csrf)
+        # (bytes: `compare_digest` refuses a non-ASCII str with a TypeError, and a form may send anything)
+        return given is not None and hmac.compare_digest(given.encode(), self.csrf.encode())
 
 
 class Sessions:

@@ -15,12 +15,14 @@ from agl_lite.addons import DEFAULT_CHAIN
 from agl_lite.addons.dashboard import CSP
 from agl_lite.core.contract import derive_key
 from agl_lite.core.server import Gateway
+from agl_lite.dashboard import pages
 from agl_lite.store.records import RolloutStatus
 from agl_lite.store.rules import EventSpec
 from agl_lite.testing import MockVLLM, running_mock
 from tests.client.conftest import NO_UPSTREAM, make_call, running, sqlite_options, store_of
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 HOSTILE = '<script>document.title="pwned"</script><img src=x onerror=alert(1)>'
 
 
@@ -198,3 +200,67 @@ async def test_the_pages_stay_out_of_the_api_document(gateway: Gateway, http: ai
         paths = (await resp.json())["paths"]
     assert "/api/rollouts" in paths
     assert not [p for p in paths if p.startswith("/dashboard")]
+
+
+async def test_login_checks_the_key_auth_checks_and_never_an_empty_one(
+    gateway_factory: GatewayFactory,
+    tmp_path: Path,
+    http: aiohttp.ClientSession,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    other = "another-admin-key-0123456789abcdef"
+    monkeypatch.setenv("OTHER_ADMIN_KEY", other)
+    addons = {**sqlite_options(tmp_path / "s.db"), "auth": {"key_env": "OTHER_ADMIN_KEY"}}
+    async with gateway_factory(NO_UPSTREAM, chain=DEFAULT_CHAIN, addons=addons) as gw:
+        base = gateway_url(gw)
+        assert (await log_in(http, base, "")).status == 401
+        assert (await log_in(http, base, ADMIN_KEY)).status == 401  # AGL_KEY is not the key auth checks here
+        assert (await log_in(http, base, other)).status == 303
+
+
+async def test_what_an_agent_sent_in_any_shape_never_breaks_its_rollouts_page(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
+    store = store_of(gateway)
+    await running(store, "ro-odd")
+    for k, request in enumerate(
+        ("hi", [1, 2], {"messages": "hi"}, {"messages": [5]}, {"messages": [{"content": 7}]})
+    ):
+        call = make_call("ro-odd", "a1", k, [1, 2], [[3]])
+        call.request = request  # as capture stores a request that failed validation: whatever came
+        await store.add_call(call)
+    async with http.get(f"{gateway_url(gateway)}/dashboard/rollouts/ro-odd", headers=ADMIN) as resp:
+        assert resp.status == 200
+        assert "[1,2]" in await resp.text()
+
+
+async def test_a_rollout_of_many_calls_is_shown_without_its_trajectory(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
+    store = store_of(gateway)
+    await running(store, "ro-many")
+    for k in range(pages.MAX_TRAJECTORY_CALLS):
+        await store.add_call(make_call("ro-many", "a1", k, [1, 2, k], [[3]]))
+    async with http.get(f"{gateway_url(gateway)}/dashboard/rollouts/ro-many", headers=ADMIN) as resp:
+        text = await resp.text()
+    assert resp.status == 200
+    assert "its merged trajectory is not drawn" in text
+    assert 'class="row"' not in text
+
+
+async def test_bad_forms_and_queries_are_clear_errors_with_the_pages_headers(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
+    base = gateway_url(gateway)
+    async with http.post(f"{base}/dashboard/login", data="a=1&" * 5000) as resp:  # before any parsing
+        assert resp.status == 413
+    cookie = {"Cookie": "agl_dashboard_login=abc"}
+    async with http.post(f"{base}/dashboard/login", data={"csrf": "é", "key": "k"}, headers=cookie) as resp:
+        assert resp.status == 400  # a non-ASCII token is a mismatch, not a crash
+    async with http.get(f"{base}/dashboard/rollouts?status=nope", headers=ADMIN) as resp:
+        assert resp.status == 400
+        assert resp.headers["Content-Security-Policy"] == CSP
+    async with http.get(f"{base}/dashboard/rollouts?group_id=a/b", headers=ADMIN) as resp:
+        assert resp.status == 400
+    async with http.get(f"{base}/dashboard/", headers=ADMIN, allow_redirects=False) as resp:
+        assert (resp.status, resp.headers["Location"]) == (303, "/dashboard/rollouts")

@@ -98,6 +98,11 @@ MIGRATIONS: list[str] = [
     CREATE INDEX calls_response_id ON calls (id) WHERE substr(id, 1, 5) = 'resp_';
     CREATE TABLE deleted_responses (id TEXT PRIMARY KEY, deleted_at REAL NOT NULL);
     """,
+    # v8: rollouts by mode, in enqueue order (the dashboard's and the API's `mode` filter: a keyset page on an
+    # index, not a scan of every rollout).
+    """
+    CREATE INDEX rollouts_mode ON rollouts (mode, enqueue_seq);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

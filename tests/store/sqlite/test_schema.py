@@ -76,7 +76,7 @@ async def test_a_v1_store_is_migrated_with_its_calls(tmp_path: Path, turn_call: 
     finally:
         await store.close()
     conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert not tables & {"token_seqs", "call_choices", "calls_v2"}
     conn.close()
@@ -131,7 +131,7 @@ async def test_a_v3_stores_call_events_read_on_in_one_sequence(
     finally:
         await store.close()
     conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
     # The v3 call's event row and the reward: the new call's event is in the call's row.
     assert conn.execute("SELECT COUNT(*) FROM events").fetchone() == (2,)
     conn.close()
