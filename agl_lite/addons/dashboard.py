@@ -19,13 +19,14 @@ from urllib.parse import parse_qs
 import orjson
 from multidict import CIMultiDict
 
+from agl_lite.core.api import Param
 from agl_lite.core.config import GatewayConfig
 from agl_lite.core.contract import KeyRole, identify
 from agl_lite.core.flow import Flow, Response
 from agl_lite.core.routes import ID_PATTERN, HttpRoute, RouteKind, Scope
 from agl_lite.core.services import ADMIN_KEY, METRICS_REGISTRY, LoadContext
 from agl_lite.dashboard import pages
-from agl_lite.dashboard.session import COOKIE, Session, Sessions
+from agl_lite.dashboard.session import COOKIE, Session, Sessions, tokens_match
 from agl_lite.errors import BadRequest, HttpError, PayloadTooLarge
 from agl_lite.store.records import RolloutStatus
 from agl_lite.store.rules import STORE, Store
@@ -40,6 +41,8 @@ CSP = (
 _LOGIN_COOKIE = "agl_dashboard_login"
 _LONG_POLL_S = 25.0
 _MAX_FORM_BYTES = 4096
+_CURSOR = Param("integer", 0, 0, 2**62)
+"""A keyset cursor in a query, parsed as the API's own parameters are (plain ASCII digits, bounded)."""
 _STATUSES = frozenset(s.value for s in RolloutStatus)
 _STATIC = {
     "dashboard.css": "text/css; charset=utf-8",
@@ -172,7 +175,7 @@ class Dashboard:
         if len(flow.request.body) > _MAX_FORM_BYTES:  # (before any parsing: anyone may post here)
             raise PayloadTooLarge(f"a login form is at most {_MAX_FORM_BYTES} bytes")
         form = _form(flow) if nonce else {}
-        if not nonce or not Session(nonce, 0.0).csrf_ok(form.get("csrf")):
+        if not nonce or not tokens_match(form.get("csrf"), nonce):
             return self._login_form(flow, "The form expired or came from elsewhere: log in again.", 400)
         admin, key = self._admin_key(), form.get("key") or ""
         principal = identify(admin, key) if admin and key else None
@@ -285,7 +288,4 @@ def _form(flow: Flow) -> dict[str, str]:
 
 
 def _int(query: dict[str, str], name: str) -> int:
-    raw = query.get(name) or "0"
-    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
-        raise BadRequest(f"query parameter {name!r} must be a non-negative integer", param=name)
-    return int(raw)
+    return int(_CURSOR.parse(name, query[name])) if name in query else 0

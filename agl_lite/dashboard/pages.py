@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jinja2
@@ -220,7 +220,7 @@ class UpstreamRow:
     upstream: str
     in_flight: float = 0.0
     cooling: bool = False
-    requests: dict[str, float] | None = None
+    requests: dict[str, float] = field(default_factory=dict)
     """Attempts by outcome (`2xx`, `4xx`, `5xx`, `error`, `cancelled`)."""
     errors: float = 0.0
 
@@ -244,7 +244,7 @@ def gateway_page(registry: Any | None) -> dict[str, Any]:
 
     def row(labels: dict[str, str]) -> UpstreamRow:
         key = (labels.get("model", ""), labels.get("upstream", ""))
-        return upstreams.setdefault(key, UpstreamRow(*key, requests={}))
+        return upstreams.setdefault(key, UpstreamRow(*key))
 
     for labels, value in samples.get("agl_upstream_in_flight", []):
         row(labels).in_flight = value
@@ -252,7 +252,6 @@ def gateway_page(registry: Any | None) -> dict[str, Any]:
         row(labels).cooling = value > 0
     for labels, value in samples.get("agl_upstream_requests_total", []):
         counts = row(labels).requests
-        assert counts is not None
         counts[labels.get("status", "")] = counts.get(labels.get("status", ""), 0.0) + value
     for labels, value in samples.get("agl_upstream_errors_total", []):
         row(labels).errors += value

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["COOKIE", "Session", "Sessions"]
+__all__ = ["COOKIE", "Session", "Sessions", "tokens_match"]
 
 COOKIE = "agl_dashboard"
 """The session cookie's name."""
@@ -26,8 +26,13 @@ class Session:
     expires: float
 
     def csrf_ok(self, given: str | None) -> bool:
-        # (bytes: `compare_digest` refuses a non-ASCII str with a TypeError, and a form may send anything)
-        return given is not None and hmac.compare_digest(given.encode(), self.csrf.encode())
+        return tokens_match(given, self.csrf)
+
+
+def tokens_match(given: str | None, expected: str) -> bool:
+    """`given` is `expected`, compared in constant time. (As bytes: `compare_digest` refuses a non-ASCII str with a
+    TypeError, and a form may send anything.)"""
+    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
 
 
 class Sessions:

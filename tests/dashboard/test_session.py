@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agl_lite.dashboard.session import Sessions
+from agl_lite.dashboard.session import Sessions, tokens_match
 
 
 def test_a_session_is_found_by_its_token_until_it_expires_or_is_dropped() -> None:
@@ -37,3 +37,10 @@ def test_the_oldest_session_goes_when_too_many_are_open() -> None:
     kept = [sessions.create()[0] for _ in range(2)]
     assert sessions.get(oldest) is None
     assert all(sessions.get(t) is not None for t in kept)
+
+
+def test_tokens_match_only_the_same_token_and_take_any_text() -> None:
+    assert tokens_match("abc", "abc")
+    assert not tokens_match("abd", "abc")
+    assert not tokens_match(None, "abc")
+    assert not tokens_match("é", "abc")  # (a str compare_digest would raise on non-ASCII)
