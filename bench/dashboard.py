@@ -34,10 +34,13 @@ from agl_lite.store.sqlite.repo import SQLiteRepo, connect
 from agl_lite.testing.gateway import write_config
 
 LONG_TURNS = 30
+RARE = 1000
+"""One rollout in RARE has the reward the rare filter asks for."""
+VERSIONS = 10
 CHAIN = ("store", "auth", "store_api", "metrics", "dashboard")
 
 
-def call(rollout_id: str, turn: int, prompt: list[int], completion: list[int]) -> LLMCall:
+def call(rollout_id: str, turn: int, prompt: list[int], completion: list[int], version: str) -> LLMCall:
     return LLMCall(
         id=f"chatcmpl-{secrets.token_hex(8)}",
         order_key=turn,
@@ -46,7 +49,7 @@ def call(rollout_id: str, turn: int, prompt: list[int], completion: list[int]) -
         rollout_id=rollout_id,
         attempt_id="a1",
         model="policy",
-        model_version="v1",
+        model_version=version,
         request={
             "model": "policy",
             "messages": [{"role": "user", "content": f"turn {turn} of {rollout_id}"}],
@@ -79,21 +82,24 @@ def fill(path: Path, rollouts: int, per_rollout: int, long: int) -> list[str]:
     conn.execute("BEGIN")
     for seq, rid in enumerate(ids, 1):
         status = RolloutStatus.FAILED if seq % 7 == 0 else RolloutStatus.SUCCEEDED
-        r = Rollout(rid, {"question": f"q{seq}"}, status=status, group_id=f"g{seq // 8}", created_at=now)
+        # One rollout a second up to now; a reward of 0.5 for one in RARE (the rare filter's matches).
+        created = now - (len(ids) - seq)
+        r = Rollout(rid, {"question": f"q{seq}"}, status=status, group_id=f"g{seq // 8}", created_at=created)
         r.enqueue_seq, r.completion_seq, r.reward, r.ended_at = (
             seq,
             seq,
-            float(status is RolloutStatus.SUCCEEDED),
-            now,
+            0.5 if seq % RARE == 0 else float(status is RolloutStatus.SUCCEEDED),
+            created,
         )
         repo.put_rollout(r, new=True)
     written = 0
     for n, rid in enumerate(ids):
         turns = LONG_TURNS if rid in long_ids else per_rollout
+        version = f"v{n * VERSIONS // len(ids)}"  # the iterations of a training run, in enqueue order
         context = [7] * 40 + [n % 50_000]
         for turn in range(turns):
             completion = [100 + (turn * 7 + i) % 30_000 for i in range(24)]
-            repo.add_call(call(rid, turn, context, completion))
+            repo.add_call(call(rid, turn, context, completion, version))
             if turns == LONG_TURNS:
                 context = (
                     context + completion + [9] * 12
@@ -126,9 +132,15 @@ async def measure(path: Path, long_id: str, repeat: int) -> list[tuple[str, floa
     key = os.environ.setdefault("AGL_KEY", secrets.token_hex(32))
     work = Path(tempfile.mkdtemp(prefix="agl-dash-bench-"))
     config = write_config(work, {}, chain=CHAIN, addons={"store": {"path": str(path)}})
+    hour_ago = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 3600))
     pages = {
         "rollouts list, first page": "/dashboard/rollouts",
         "rollouts list, failed only": "/dashboard/rollouts?status=failed",
+        "rollouts list, rewarded (most)": "/dashboard/rollouts?reward_min=1",
+        f"rollouts list, rare reward (1 in {RARE:,})": "/dashboard/rollouts?reward_min=0.4&reward_max=0.6",
+        "rollouts list, a reward none has": "/dashboard/rollouts?reward_min=5",
+        f"rollouts list, one model version of {VERSIONS}": f"/dashboard/rollouts?model_version=v{VERSIONS // 2}",
+        "rollouts list, created in the last hour": f"/dashboard/rollouts?since={hour_ago}",
         f"a {LONG_TURNS}-turn rollout's page": f"/dashboard/rollouts/{long_id}",
     }
     headers = {"Authorization": f"Bearer {key}"}

@@ -130,6 +130,16 @@ async def test_the_dashboard_shows_the_demos_store(learned: tuple[learn.Summary,
         assert await page.locator("#rollouts tbody tr").count() == 50  # a full first page of 128 * iterations
         await page.goto(f"{base}/dashboard/rollouts?status=failed")
         assert await page.locator("#rollouts tbody td.empty").count() == 1
+        version = last["model_version"]
+        sampled = {r["rollout_id"] for r in rows if r["model_version"] == version}
+        await page.goto(f"{base}/dashboard/rollouts?model_version={version}&reward_min=1")
+        shown = set(
+            await page.locator("#rollouts tbody tr").evaluate_all("rs => rs.map(r => r.dataset.rollout)")
+        )
+        rewarded = {r["rollout_id"] for r in rows if r["model_version"] == version and r["reward"] >= 1}
+        assert shown
+        assert shown <= rewarded <= sampled
+        assert len(shown) == min(50, len(rewarded))
         await page.goto(f"{base}/dashboard/rollouts/{last['rollout_id']}")
         assert await page.locator("section.row").count() == 1
         assert await page.locator("section.row .tok.trained").count() == sum(last["response_mask"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.resources
 import secrets
+from datetime import datetime
 from http.cookies import SimpleCookie
 from urllib.parse import parse_qs
 
@@ -29,7 +30,7 @@ from agl_lite.dashboard import pages
 from agl_lite.dashboard.session import COOKIE, Session, Sessions, tokens_match
 from agl_lite.errors import BadRequest, HttpError, PayloadTooLarge
 from agl_lite.store.records import RolloutStatus
-from agl_lite.store.rules import STORE, Store
+from agl_lite.store.rules import STORE, RolloutFilter, Store
 
 __all__ = ["CSP", "Dashboard"]
 
@@ -42,6 +43,7 @@ _LOGIN_COOKIE = "agl_dashboard_login"
 _LONG_POLL_S = 25.0
 _MAX_FORM_BYTES = 4096
 _CURSOR = Param("integer", 0, 0, 2**62)
+_REWARD = Param("number")
 """A keyset cursor in a query, parsed as the API's own parameters are (plain ASCII digits, bounded)."""
 _STATUSES = frozenset(s.value for s in RolloutStatus)
 _STATIC = {
@@ -223,19 +225,8 @@ class Dashboard:
             rollout_id = flow.request.path_params["rollout_id"]
             context = await pages.rollout_page(self.store, rollout_id)
             return _reply(200, pages.render("rollout.html", csrf=session.csrf, **context))
-        status = query.get("status") or None
-        if status is not None and status not in _STATUSES:
-            raise BadRequest(f"unknown status {status!r}", param="status")
-        group = query.get("group_id") or None
-        if group is not None and not ID_PATTERN.fullmatch(group):
-            raise BadRequest("group_id: use 1-128 of A-Z a-z 0-9 _ -", param="group_id")
-        context = await pages.rollouts_page(
-            self.store,
-            RolloutStatus(status) if status else None,
-            query.get("mode") or None,
-            group,
-            _int(query, "after"),
-        )
+        flt, shown = _rollout_filter(query)
+        context = await pages.rollouts_page(self.store, flt, shown)
         return _reply(200, pages.render("rollouts.html", csrf=session.csrf, **context))
 
 
@@ -285,6 +276,52 @@ def _form(flow: Flow) -> dict[str, str]:
     except UnicodeDecodeError:
         return {}
     return {k: v[-1] for k, v in parse_qs(text, max_num_fields=8).items()}
+
+
+def _rollout_filter(query: dict[str, str]) -> tuple[RolloutFilter, dict[str, str]]:
+    """The list's filters from its query (a 400 naming the first bad one), and as the form shows them again."""
+    status = query.get("status") or None
+    if status is not None and status not in _STATUSES:
+        raise BadRequest(f"unknown status {status!r}", param="status")
+    group = query.get("group_id") or None
+    if group is not None and not ID_PATTERN.fullmatch(group):
+        raise BadRequest("group_id: use 1-128 of A-Z a-z 0-9 _ -", param="group_id")
+    version = query.get("model_version") or None
+    if version is not None and len(version) > 256:
+        raise BadRequest("model_version: at most 256 characters", param="model_version")
+    rewards = {
+        name: _REWARD.parse(name, query[name]) if query.get(name) else None
+        for name in ("reward_min", "reward_max")
+    }
+    times = {name: _time(query, name) for name in ("since", "until")}
+    flt = RolloutFilter(
+        RolloutStatus(status) if status else None,
+        query.get("mode") or None,
+        group,
+        _int(query, "after"),
+        pages.PAGE_SIZE,
+        rewards["reward_min"],
+        rewards["reward_max"],
+        version,
+        times["since"],
+        times["until"],
+    )
+    names = ("status", "mode", "group_id", "reward_min", "reward_max", "model_version", "since", "until")
+    return flt, {name: query.get(name) or "" for name in names}
+
+
+def _time(query: dict[str, str], name: str) -> float | None:
+    """A time as the form's `datetime-local` input sends it (the server's local time, as the pages show times), or
+    with an offset; epoch seconds."""
+    raw = query.get(name)
+    if not raw:
+        return None
+    try:
+        if len(raw) > 40:
+            raise ValueError
+        return datetime.fromisoformat(raw).timestamp()
+    except (ValueError, OverflowError, OSError):
+        raise BadRequest(f"{name}: a date and time such as 2026-12-04T18:30", param=name) from None
 
 
 def _int(query: dict[str, str], name: str) -> int:

@@ -69,6 +69,11 @@ class Storage:
         self.store.max_rollout_bytes = options.max_rollout_bytes or None
         self.store.max_event_bytes = options.max_event_bytes
         self._ctx.services.provide(STORE, self.store, by="store")
+        self._ctx.tasks.spawn(self._release_on_stop(self.store), name="store.release_on_stop")
+
+    async def _release_on_stop(self, store: Store) -> None:
+        await self._ctx.stopping.wait()
+        store.release_waiters()
 
     async def shutdown(self) -> None:
         if self.store is not None:

@@ -74,6 +74,11 @@ class StoreApi:
             "status": Param("string", enum=_STATUSES),
             "mode": Param("string"),
             "group_id": Param("string"),
+            "reward_min": Param("number"),
+            "reward_max": Param("number"),
+            "model_version": Param("string"),
+            "created_after": Param("number", None, 0),
+            "created_before": Param("number", None, 0),
             "after": _SEQ,
             "limit": Param("integer", 100, 1, 1000),
         },
@@ -88,6 +93,11 @@ class StoreApi:
             group_id=q["group_id"],
             after=q["after"],
             limit=q["limit"],
+            reward_min=q["reward_min"],
+            reward_max=q["reward_max"],
+            model_version=q["model_version"],
+            created_after=q["created_after"],
+            created_before=q["created_before"],
         )
         rows = await self.store.list_rollouts(flt)
         nxt = rows[-1].enqueue_seq if len(rows) == flt.limit else None

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -250,19 +251,37 @@ def rollouts_ls(
     status: Annotated[RolloutStatus | None, typer.Option(help="Only rollouts in this state.")] = None,
     mode: Annotated[str | None, typer.Option(help="Only this mode.")] = None,
     group_id: Annotated[str | None, typer.Option(help="Only this group.")] = None,
+    reward_min: Annotated[float | None, typer.Option(help="Only rollouts rewarded at least this.")] = None,
+    reward_max: Annotated[float | None, typer.Option(help="Only rollouts rewarded at most this.")] = None,
+    model_version: Annotated[
+        str | None, typer.Option(help="Only rollouts with a call this model version served.")
+    ] = None,
+    since: Annotated[
+        datetime | None, typer.Option(help="Only rollouts enqueued at or after this (local) time.")
+    ] = None,
+    until: Annotated[datetime | None, typer.Option(help="Only rollouts enqueued before this time.")] = None,
     limit: Annotated[int, typer.Option(min=0, help="Most rollouts to show (0: all).")] = 50,
     after: Annotated[int, typer.Option(min=0, help="Start after this enqueue position (keyset).")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """List rollouts in enqueue order.
 
-    Example: agl-client rollouts ls --status running --limit 20
+    Example: agl-client rollouts ls --status succeeded --reward-min 1 --since 2026-12-04T18:00 --limit 20
     """
 
     async def work(client: AglLiteClient) -> None:
         rows = []
         async for rollout in client.iter_rollouts(
-            status=status, mode=mode, group_id=group_id, after=after, page_size=min(limit or 1000, 1000)
+            status=status,
+            mode=mode,
+            group_id=group_id,
+            after=after,
+            page_size=min(limit or 1000, 1000),
+            reward_min=reward_min,
+            reward_max=reward_max,
+            model_version=model_version,
+            created_after=since.timestamp() if since else None,
+            created_before=until.timestamp() if until else None,
         ):
             rows.append(rollout)
             if limit and len(rows) >= limit:

@@ -167,6 +167,11 @@ class AglLiteClient:
             "status": flt.status.value if flt.status else None,
             "mode": flt.mode,
             "group_id": flt.group_id,
+            "reward_min": flt.reward_min,
+            "reward_max": flt.reward_max,
+            "model_version": flt.model_version,
+            "created_after": flt.created_after,
+            "created_before": flt.created_before,
             "after": flt.after,
             "limit": flt.limit,
         }
@@ -180,10 +185,28 @@ class AglLiteClient:
         group_id: str | None = None,
         after: int = 0,
         page_size: int = 100,
+        reward_min: float | None = None,
+        reward_max: float | None = None,
+        model_version: str | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
     ) -> AsyncIterator[Rollout]:
-        """Every matching rollout in enqueue order, one request per page (memory: one page)."""
+        """Every matching rollout in enqueue order, one request per page (memory: one page). The filters are
+        `RolloutFilter`'s."""
         while True:
-            page = await self.list_rollouts(RolloutFilter(status, mode, group_id, after, page_size))
+            flt = RolloutFilter(
+                status,
+                mode,
+                group_id,
+                after,
+                page_size,
+                reward_min,
+                reward_max,
+                model_version,
+                created_after,
+                created_before,
+            )
+            page = await self.list_rollouts(flt)
             for rollout in page:
                 yield rollout
             if len(page) < page_size:

@@ -87,7 +87,7 @@ class Gateway:
         self.port: int = 0
         self._access_log = config.log.access_log
         self._stopping = False
-        self.stopping = asyncio.Event()
+        self.stopping = addons.ctx.stopping
         """Set once `stop` began: from then on no new request is served."""
         self._flows: set[Flow] = set()  # in flight, for the shutdown to wait for and then cut
         self._idle = asyncio.Event()

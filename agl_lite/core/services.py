@@ -5,6 +5,7 @@ Keys are typed (`ServiceKey[T]`), like aiohttp's `AppKey`: a store addon provide
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,8 @@ class LoadContext:
     tasks: TaskSet = field(default_factory=TaskSet)
     routes: tuple[HttpRoute, ...] = ()
     """Every HTTP route of the chain (set before `load`), e.g. for an OpenAPI document."""
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the gateway begins to stop: long waits (the long polls) end then, not at the shutdown's deadline."""
     private_paths: set[Path] = field(default_factory=set)
     """Files no agent may read: the store's, key files, the config. Addons add theirs while they are configured;
     the local runner masks them from the agents it starts."""

@@ -65,18 +65,16 @@ def render(template: str, **context: Any) -> bytes:
     return _ENV.get_template(template).render(**context).encode()
 
 
-async def rollouts_page(
-    store: Store, status: RolloutStatus | None, mode: str | None, group_id: str | None, after: int
-) -> dict[str, Any]:
+async def rollouts_page(store: Store, flt: RolloutFilter, shown: dict[str, str]) -> dict[str, Any]:
     """One keyset page of rollouts (enqueue order) and the head of the completion cursor, where the page's live
-    updates start."""
-    rows = await store.list_rollouts(RolloutFilter(status, mode, group_id, after, PAGE_SIZE))
+    updates start. `shown`: the filters as the form shows them again (and the next page's link carries)."""
+    rows = await store.list_rollouts(flt)
     _, cursor = await store.completed(0, 0)
     return {
         "rollouts": rows,
-        "next": rows[-1].enqueue_seq if len(rows) == PAGE_SIZE else None,
+        "next": rows[-1].enqueue_seq if len(rows) == flt.limit else None,
         "cursor": cursor,
-        "filters": {"status": status.value if status else "", "mode": mode or "", "group_id": group_id or ""},
+        "filters": shown,
         "statuses": [s.value for s in RolloutStatus],
     }
 

@@ -35,6 +35,7 @@ class MemoryRepo:
         self._attempts: dict[str, dict[str, Attempt]] = defaultdict(dict)
         self._events: dict[str, list[Event]] = defaultdict(list)
         self._calls: list[LLMCall] = []
+        self._versions: dict[str, set[str]] = {}  # each rollout's model versions (the list's filter)
         self._resources: dict[str, list[Resource]] = defaultdict(list)
         self._models: dict[str, ModelRecord] = {}
         self._deleted_responses: set[str] = set()
@@ -66,6 +67,18 @@ class MemoryRepo:
             if flt.mode is not None and r.mode != flt.mode:
                 continue
             if flt.group_id is not None and r.group_id != flt.group_id:
+                continue
+            if (flt.reward_min is not None or flt.reward_max is not None) and (
+                r.reward is None
+                or (flt.reward_min is not None and r.reward < flt.reward_min)
+                or (flt.reward_max is not None and r.reward > flt.reward_max)
+            ):
+                continue
+            if (flt.created_after is not None and r.created_at < flt.created_after) or (
+                flt.created_before is not None and r.created_at >= flt.created_before
+            ):
+                continue
+            if flt.model_version is not None and flt.model_version not in self._versions.get(r.id, ()):
                 continue
             out.append(copy.copy(r))
             if len(out) >= flt.limit:
@@ -114,6 +127,8 @@ class MemoryRepo:
 
     def add_call(self, call: LLMCall, event: Event | None = None) -> int:
         self._calls.append(copy.deepcopy(call))
+        if call.rollout_id is not None and call.model_version is not None:
+            self._versions.setdefault(call.rollout_id, set()).add(call.model_version)
         return _size(call) + (self.add_event(event) if event is not None else 0)
 
     def rollout_bytes(self, rollout_id: str) -> int:

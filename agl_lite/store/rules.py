@@ -77,6 +77,14 @@ class RolloutFilter:
     after: int = 0
     """Keyset pagination: only rollouts enqueued after this `enqueue_seq`."""
     limit: int = 100
+    reward_min: float | None = None
+    """Only rollouts with a reward, at least this one (`reward_max`: at most that one)."""
+    reward_max: float | None = None
+    model_version: str | None = None
+    """Only rollouts with at least one captured call that this model version served."""
+    created_after: float | None = None
+    """Only rollouts enqueued at or after this time (epoch seconds; `created_before`: strictly before that one)."""
+    created_before: float | None = None
 
 
 class Repo(Protocol):
@@ -185,6 +193,7 @@ class Store:
         # likewise, for runners in this process (claim on enqueue, not polling)
         self._enqueued = asyncio.Event()
         self.completion_waiters = 0
+        self._released = False  # (`release_waiters`)
         """Long-polls now waiting for a completion (metrics, and tests that must know one is waiting)."""
         self._status: dict[str, RolloutStatus] = {}
         self._seen_attempts: set[tuple[str, str]] = set()
@@ -375,7 +384,7 @@ class Store:
             changed = self._completed
             rows = await self._read(lambda repo: repo.completed_after(after, limit))
             remaining = deadline - asyncio.get_running_loop().time()
-            if rows or remaining <= 0:
+            if rows or remaining <= 0 or self._released:
                 cursor = rows[-1].completion_seq if rows else after
                 return rows, cursor or after
             self.completion_waiters += 1
@@ -385,6 +394,12 @@ class Store:
                 pass
             finally:
                 self.completion_waiters -= 1
+
+    def release_waiters(self) -> None:
+        """End every long poll now, and make later ones answer at once (the gateway is stopping: they must not
+        hold its shutdown for their whole wait)."""
+        self._released = True
+        self._notify_completion()
 
     def _notify_completion(self) -> None:
         self._completed.set()

@@ -4,7 +4,9 @@ wrote."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -170,6 +172,77 @@ async def test_filters_and_pages(gateway: Gateway, http: aiohttp.ClientSession) 
     assert len(await ids(f"after={after[1]}")) == 10
     async with http.get(f"{base}/dashboard/rollouts?status=nope", headers=headers) as resp:
         assert resp.status == 400
+
+
+async def test_long_polls_end_when_the_gateway_stops_not_at_its_deadline(
+    gateway_factory: GatewayFactory, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """The dashboard's live list waits 25 s and the API's cursor up to its `wait`: a stopping gateway answers them
+    at once (an empty page at the same cursor) rather than holding its shutdown until `shutdown_timeout`."""
+    addons = sqlite_options(tmp_path / "store.db")
+    async with gateway_factory(NO_UPSTREAM, chain=DEFAULT_CHAIN, addons=addons) as gw:
+        base, store = gateway_url(gw), store_of(gw)
+
+        async def poll(path: str) -> tuple[int, dict[str, object]]:
+            async with http.get(f"{base}{path}", headers=ADMIN) as resp:
+                return resp.status, await resp.json()
+
+        polls = [
+            asyncio.ensure_future(poll("/dashboard/rollouts/completed?after=0")),
+            asyncio.ensure_future(poll("/api/rollouts/completed?after=0&wait=60")),
+        ]
+
+        async def parked() -> None:
+            while store.completion_waiters < 2:  # noqa: ASYNC110 — the store exposes a counter
+                await asyncio.sleep(0.001)
+
+        await asyncio.wait_for(parked(), 5)
+        # Well inside the shutdown's own deadline (10 s), which the polls held before.
+        await asyncio.wait_for(gw.stop(), gw.config.server.shutdown_timeout / 4)
+        answers = await asyncio.wait_for(asyncio.gather(*polls), 1)
+    assert answers == [(200, {"rollouts": [], "cursor": 0})] * 2
+
+
+async def test_the_list_filters_by_reward_model_version_and_time_and_its_next_page_keeps_them(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
+    base, store = gateway_url(gateway), store_of(gateway)
+    rollouts = await running(store, *(f"ro-{i:03d}" for i in range(120)))
+    for i in range(120):
+        await store.add_events(f"ro-{i:03d}", [EventSpec("reward", 1.0 if i % 2 else 0.0)])
+        if i >= 10:
+            call = make_call(f"ro-{i:03d}", None, 1, [1, 2], [[3]])
+            call.model_version = "v2" if i % 4 == 1 else "v1"
+            await store.add_call(call)
+
+    async def ids(query: str) -> tuple[list[str], str | None]:
+        async with http.get(f"{base}/dashboard/rollouts?{query}", headers=ADMIN) as resp:
+            assert resp.status == 200, await resp.text()
+            text = await resp.text()
+        nxt = re.search(r'id="next" href="/dashboard/rollouts\?([^"]+)"', text)
+        return re.findall(r'data-rollout="([^"]+)"', text), nxt[1].replace("&amp;", "&") if nxt else None
+
+    def listed(query: str) -> list[str]:
+        return [f"ro-{i:03d}" for i in range(120) if eval(query, {"i": i})]
+
+    first, nxt = await ids("reward_min=0.5")
+    assert first == listed("i % 2")[:50]
+    assert nxt is not None
+    assert "reward_min=0.5" in nxt
+    second, _ = await ids(nxt)
+    assert second == listed("i % 2")[50:]
+    assert (await ids("reward_max=0.5&model_version=v1"))[0] == listed("i >= 10 and i % 2 == 0")[:50]
+    assert (await ids("model_version=v2"))[0] == listed("i >= 10 and i % 4 == 1")
+    # Times as the form's `datetime-local` input sends them: local time, to the second.
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(rollouts[0].created_at - 1))
+    later = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(rollouts[0].created_at + 3600))
+    assert len((await ids(f"since={since}"))[0]) == 50
+    assert (await ids(f"since={later}"))[0] == []
+    assert (await ids(f"until={since}"))[0] == []
+    for bad in ("reward_min=high", "reward_max=nan", "since=yesterday", "model_version=" + "v" * 300):
+        async with http.get(f"{base}/dashboard/rollouts?{bad}", headers=ADMIN) as resp:
+            assert resp.status == 400, bad
+            assert (await resp.json())["error"]["param"] == bad.split("=")[0]
 
 
 async def test_the_gateway_page_shows_pause_and_each_upstreams_outcomes(

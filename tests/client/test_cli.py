@@ -4,6 +4,7 @@ usage errors with exit 2, a clear exit 3 when the server is unreachable."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,12 @@ def test_rollouts_ls_filters(background_gateway: BackgroundGateway) -> None:
     assert "done-1" in table.stdout
     assert "run-1" in table.stdout
     assert len(as_json(cli(background_gateway, "rollouts", "ls", "--limit", "1", "--json"))) == 1
+    background_gateway.run(background_gateway.store.add_events("run-1", [EventSpec("reward", 0.5)]))
+    rewarded = as_json(cli(background_gateway, "rollouts", "ls", "--reward-min", "0.25", "--json"))
+    assert [r["id"] for r in rewarded] == ["run-1"]
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(rewarded[0]["created_at"] + 3600))
+    assert as_json(cli(background_gateway, "rollouts", "ls", "--since", since, "--json")) == []
+    assert len(as_json(cli(background_gateway, "rollouts", "ls", "--until", since, "--json"))) == 2
 
 
 def test_rollouts_show_with_attempts(background_gateway: BackgroundGateway) -> None:

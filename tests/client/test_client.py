@@ -76,6 +76,25 @@ async def test_list_rollouts_filters_and_pages(client: AglLiteClient) -> None:
     assert [r.input async for r in client.iter_rollouts(mode="val")] == [{"q": 9}]
 
 
+async def test_list_rollouts_by_reward_model_version_and_time(
+    client: AglLiteClient, gateway: Gateway
+) -> None:
+    rollouts = await running(store_of(gateway), "r0", "r1", "r2", "r3")
+    for i, reward in enumerate([0.0, 1.0, 0.5, 1.0]):
+        await client.add_events(f"r{i}", [EventSpec("reward", reward)])
+    for i in (1, 2):
+        call = make_call(f"r{i}", None, 1, [1], [[2]])
+        call.model_version = f"step-{i}"
+        await store_of(gateway).add_call(call)
+    assert [r.id for r in await client.list_rollouts(RolloutFilter(reward_min=0.75))] == ["r1", "r3"]
+    assert [r.id async for r in client.iter_rollouts(reward_max=0.5, page_size=1)] == ["r0", "r2"]
+    assert [r.id async for r in client.iter_rollouts(model_version="step-2")] == ["r2"]
+    t = rollouts[2].created_at
+    expected = [r.id for r in rollouts if r.created_at >= t]
+    assert [r.id async for r in client.iter_rollouts(created_after=t)] == expected
+    assert [r.id async for r in client.iter_rollouts(created_before=rollouts[0].created_at)] == []
+
+
 async def test_cancel_twice_is_a_conflict(client: AglLiteClient) -> None:
     ((rollout,),) = await client.enqueue_group([{"q": 1}])
     cancelled = await client.cancel(rollout.id, "not needed")

@@ -9,7 +9,7 @@ from agl_lite.dashboard import pages
 from agl_lite.integrations.trajectory import Row
 from agl_lite.store.memory import MemoryStore
 from agl_lite.store.records import RolloutStatus
-from agl_lite.store.rules import RolloutSpec
+from agl_lite.store.rules import RolloutFilter, RolloutSpec
 from tests.client.conftest import make_call, running
 
 
@@ -58,9 +58,9 @@ async def test_a_multi_turn_rollout_renders_one_row_with_its_masked_tokens() -> 
 async def test_the_list_pages_by_enqueue_order_and_points_at_the_cursor_head() -> None:
     store = MemoryStore()
     await store.enqueue([RolloutSpec({"q": i}, id=f"r{i:03d}") for i in range(pages.PAGE_SIZE + 5)])
-    first = await pages.rollouts_page(store, None, None, None, 0)
+    first = await pages.rollouts_page(store, RolloutFilter(limit=pages.PAGE_SIZE), {})
     assert len(first["rollouts"]) == pages.PAGE_SIZE
-    rest = await pages.rollouts_page(store, None, None, None, first["next"])
+    rest = await pages.rollouts_page(store, RolloutFilter(after=first["next"], limit=pages.PAGE_SIZE), {})
     assert [r.id for r in rest["rollouts"]] == [
         f"r{i:03d}" for i in range(pages.PAGE_SIZE, pages.PAGE_SIZE + 5)
     ]

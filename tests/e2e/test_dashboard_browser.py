@@ -56,6 +56,7 @@ async def populate(store: Store) -> None:
         completion = [100 + 10 * turn, 101 + 10 * turn]
         call = make_call("ro-multi", "a1", turn, context, [completion])
         call.choices[0].text = HOSTILE if turn == 2 else f"turn {turn}"
+        call.model_version = "v1"
         await store.add_call(call)
         context += [*completion, 7, 8, 9]  # the tool's answer: context for the next turn
     await store.add_events("ro-multi", [EventSpec("reward", {"value": 1.0})])
@@ -119,6 +120,14 @@ async def test_the_list_filters_and_follows_completions_live(gateway: Gateway, p
     await page.click("#filters button[type=submit]")
     await page.wait_for_url("**/dashboard/rollouts?status=failed**")
     assert await page.locator("#rollouts tbody tr").count() == 4
+    await page.select_option("select[name=status]", "")
+    await page.fill("input[name=reward_min]", "0.5")
+    await page.fill("input[name=model_version]", "v1")
+    await page.click("#filters button[type=submit]")
+    await page.wait_for_url("**/dashboard/rollouts?**reward_min=0.5**")
+    assert await page.locator("#rollouts tbody tr").all_inner_texts() == [
+        await page.locator("#ro-ro-multi").inner_text()
+    ]
     await page.goto(f"{base}/dashboard/rollouts?status=running")
     assert await page.locator("#rollouts tbody tr").count() == 2
     await store_of(gateway).finish("ro-11", RolloutStatus.SUCCEEDED)  # while the page is open

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from array import array
+from types import SimpleNamespace
 
 import pytest
 
 from agl_lite.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, QuotaExceeded
+from agl_lite.store import rules
 from agl_lite.store.memory import MemoryRepo
 from agl_lite.store.records import (
     AttemptStatus,
@@ -71,6 +73,40 @@ async def test_list_filters_and_paginates_by_keyset(store: Store) -> None:
     assert [r.id for r in page1 + page2] == [f"r{i}" for i in range(6)]
     assert [r.id for r in await store.list_rollouts(RolloutFilter(mode="val"))] == ["r1", "r3", "r5"]
     assert [r.id for r in await store.list_rollouts(RolloutFilter(group_id="g1"))] == ["r2", "r3"]
+
+
+async def test_list_filters_by_reward_time_and_model_version_in_pages(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(rules, "time", SimpleNamespace(time=lambda: clock[0]))
+    for i in range(8):  # r0 at t=1000, r1 at 1010, ... in enqueue order
+        clock[0] = 1000.0 + 10 * i
+        await store.enqueue([RolloutSpec(input=i, id=f"r{i}")])
+    await store.claim("runner", 8)
+    for i in range(6):  # r6, r7: no reward
+        await store.add_events(f"r{i}", [EventSpec("reward", {"value": i / 2})])
+    for i, version in [(1, "v1"), (1, "v1"), (1, "v2"), (3, "v2"), (4, "v1"), (6, "v2")]:
+        await store.add_call(call(f"r{i}", 10 * i + len(version), [1, 2], [[3]], model_version=version))
+
+    async def ids(**filters: object) -> list[str]:
+        out, after = [], 0
+        while page := await store.list_rollouts(RolloutFilter(after=after, limit=2, **filters)):  # type: ignore[arg-type]
+            out += [r.id for r in page]
+            after = page[-1].enqueue_seq
+        return out
+
+    assert await ids(reward_min=1.0) == ["r2", "r3", "r4", "r5"]
+    assert await ids(reward_max=0.5) == ["r0", "r1"]  # a rollout without a reward matches no reward range
+    assert await ids(reward_min=0.5, reward_max=1.5) == ["r1", "r2", "r3"]
+    assert await ids(created_after=1020.0) == ["r2", "r3", "r4", "r5", "r6", "r7"]
+    assert await ids(created_after=1015.0, created_before=1040.0) == ["r2", "r3"]
+    assert await ids(created_after=2000.0) == []
+    assert await ids(created_before=1000.0) == []
+    assert await ids(model_version="v2") == ["r1", "r3", "r6"]
+    assert await ids(model_version="v1") == ["r1", "r4"]
+    assert await ids(model_version="v1", reward_min=1.0, created_after=1020.0) == ["r4"]
+    assert await ids(model_version="v9") == []
 
 
 async def test_finish_and_illegal_transitions(store: Store) -> None:

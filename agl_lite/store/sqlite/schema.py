@@ -103,7 +103,23 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX rollouts_mode ON rollouts (mode, enqueue_seq);
     """,
+    # v9: the list's filters by reward, time and model version (the dashboard's, the API's). Reward and enqueue
+    # time get columns (`_migrate_v9` fills them from each rollout's JSON); `rollouts_scan` holds both in enqueue
+    # order, so that a filter on them walks one index and reads only the rows that match; `rollouts_created` finds
+    # a time window's bounds. A rollout's model versions (those that served its calls) are a table of their own,
+    # one row per pair, written by the call that first brings a version to its rollout.
+    """
+    ALTER TABLE rollouts ADD COLUMN reward REAL;
+    ALTER TABLE rollouts ADD COLUMN created_at REAL;
+    CREATE TABLE rollout_versions (
+        model_version TEXT NOT NULL, enqueue_seq INTEGER NOT NULL, PRIMARY KEY (model_version, enqueue_seq)
+    ) WITHOUT ROWID;
+    """,
 ]
+_V9_INDEXES = (
+    "CREATE INDEX rollouts_scan ON rollouts (enqueue_seq, reward, created_at)",
+    "CREATE INDEX rollouts_created ON rollouts (created_at)",
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -123,6 +139,8 @@ def migrate(conn: sqlite3.Connection, path: str, version: int) -> None:
                 _migrate_v2(conn)
             if target == 3:
                 _migrate_v3(conn)
+            if target == 9:
+                _migrate_v9(conn)
             conn.execute(f"PRAGMA user_version = {target}")
             conn.execute("COMMIT")
         except BaseException:
@@ -182,3 +200,32 @@ def _migrate_v3(conn: sqlite3.Connection) -> None:
                 "UPDATE calls SET tokens = ? WHERE id = ?", [(sum(c.tokens()), c.id) for c in page]
             )
             after = page[-1].order_key
+
+
+def _migrate_v9(conn: sqlite3.Connection) -> None:
+    """Fill v9's reward and time columns from each rollout's JSON, and `rollout_versions` from each call's (a page
+    at a time), then build the indexes on the filled columns."""
+    after = -1
+    while rows := conn.execute(
+        "SELECT rowid, body FROM rollouts WHERE rowid > ? ORDER BY rowid LIMIT 1000", (after,)
+    ).fetchall():
+        update = []
+        for rowid, body in rows:
+            data = load_json(body)
+            update.append((data.get("reward"), data.get("created_at"), rowid))
+        conn.executemany("UPDATE rollouts SET reward = ?, created_at = ? WHERE rowid = ?", update)
+        after = rows[-1][0]
+    after = -1
+    while rows := conn.execute(
+        "SELECT seq, rollout_id, body FROM calls WHERE seq > ? AND rollout_id IS NOT NULL ORDER BY seq LIMIT 1000",
+        (after,),
+    ).fetchall():
+        pairs = {(load_json(body).get("model_version"), rollout_id) for _, rollout_id, body in rows}
+        conn.executemany(
+            "INSERT OR IGNORE INTO rollout_versions (model_version, enqueue_seq)"
+            " SELECT ?, enqueue_seq FROM rollouts WHERE id = ?",
+            [pair for pair in pairs if pair[0] is not None],
+        )
+        after = rows[-1][0]
+    for statement in _V9_INDEXES:
+        conn.execute(statement)

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from agl_lite.errors import ConfigError
-from agl_lite.store.rules import EventSpec, RolloutSpec
+from agl_lite.store.rules import EventSpec, RolloutFilter, RolloutSpec
 from agl_lite.store.sqlite import SCHEMA_VERSION, SQLiteStore
 from agl_lite.store.sqlite import repo as repo_module
 from agl_lite.store.sqlite import schema as schema_module
@@ -76,7 +76,7 @@ async def test_a_v1_store_is_migrated_with_its_calls(tmp_path: Path, turn_call: 
     finally:
         await store.close()
     conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert not tables & {"token_seqs", "call_choices", "calls_v2"}
     conn.close()
@@ -89,17 +89,21 @@ async def test_a_v3_stores_call_events_read_on_in_one_sequence(
     written here as v3 wrote them) reads as before, and the sequence goes on after its events."""
     from agl_lite.store.codec import call_to_json
     from agl_lite.store.packed_ids import pack
-    from agl_lite.store.records import Event
+    from agl_lite.store.records import Event, Rollout
 
     db = tmp_path / "v3.db"
     with monkeypatch.context() as m:
         m.setattr(schema_module, "SCHEMA_VERSION", 3)
         store = await SQLiteStore.open(db)
-        await store.enqueue([RolloutSpec(input=1, id="r")])
         await store.close()
+    rollout = Rollout(id="r", input=1, enqueue_seq=1, created_at=1.0)
     old = turn_call(1, [1, 2], [3])
     event = Event("r", 1, "llm_call", {"call_id": "c1", "order_key": 1}, "a", "gateway", 1.0)
     conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute(
+        "INSERT INTO rollouts (id, enqueue_seq, status, mode, body) VALUES ('r', 1, 'queuing', 'train', ?)",
+        (orjson.dumps(rollout.to_json()),),
+    )
     conn.execute(
         "INSERT INTO calls (id, rollout_id, attempt_id, order_key, prompt_shared, prompt_tail, choice_meta,"
         " choice_ids, body, tokens) VALUES ('c1', 'r', 'a', 1, 0, ?, ?, ?, ?, 1)",
@@ -131,7 +135,7 @@ async def test_a_v3_stores_call_events_read_on_in_one_sequence(
     finally:
         await store.close()
     conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
     # The v3 call's event row and the reward: the new call's event is in the call's row.
     assert conn.execute("SELECT COUNT(*) FROM events").fetchone() == (2,)
     conn.close()
@@ -163,3 +167,70 @@ async def test_a_response_is_found_by_its_id_through_an_index_that_holds_no_chat
         reader.close()
     finally:
         await store.close()
+
+
+async def test_a_v8_store_gets_v9s_filters_filled_and_pages_them_on_indexes(
+    tmp_path: Path, turn_call: TurnCall
+) -> None:
+    """v9 adds the list's reward, time and model-version filters: a v8 file (v9's, its additions taken out by
+    hand) has them filled from its rollouts and calls, and each filter reads a page on an index, never a sort of
+    every match."""
+    db = tmp_path / "v8.db"
+    store = await SQLiteStore.open(db)
+    await store.enqueue([RolloutSpec(input=i, id=f"r{i}") for i in range(4)])
+    await store.claim("runner", 4)
+    for i, version in [(1, "v1"), (2, "v2"), (3, "v1")]:
+        c = turn_call(i, [1, 2], [3])
+        c.rollout_id, c.model_version = f"r{i}", version
+        await store.add_call(c)
+    await store.add_events("r2", [EventSpec("reward", 1.0)])
+    await store.add_events("r3", [EventSpec("reward", 0.0)])
+    expected = {r.id: r for r in await store.list_rollouts()}
+    await store.close()
+    conn = sqlite3.connect(db, isolation_level=None)
+    for statement in (
+        "DROP INDEX rollouts_scan",
+        "DROP INDEX rollouts_created",
+        "DROP TABLE rollout_versions",
+        "ALTER TABLE rollouts DROP COLUMN reward",
+        "ALTER TABLE rollouts DROP COLUMN created_at",
+        "PRAGMA user_version = 8",
+    ):
+        conn.execute(statement)
+    conn.close()
+
+    store = await SQLiteStore.open(db)
+    try:
+        assert {r.id: r for r in await store.list_rollouts()} == expected
+        assert [r.id for r in await store.list_rollouts(RolloutFilter(model_version="v1"))] == ["r1", "r3"]
+        assert [r.id for r in await store.list_rollouts(RolloutFilter(reward_min=0.5))] == ["r2"]
+        assert [r.id for r in await store.list_rollouts(RolloutFilter(reward_max=0.5))] == ["r3"]
+        since = expected["r2"].created_at
+        assert [r.id for r in await store.list_rollouts(RolloutFilter(created_after=since))] == [
+            r.id for r in expected.values() if r.created_at >= since
+        ]
+    finally:
+        await store.close()
+    reader = sqlite3.connect(db)
+    assert reader.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    for flt, index in (
+        (RolloutFilter(reward_min=0.5), "rollouts_scan"),
+        (RolloutFilter(model_version="v1", reward_min=0.5), "PRIMARY KEY"),
+        (RolloutFilter(created_after=since, created_before=since + 60), "rollouts_scan"),
+    ):
+        statements: list[str] = []
+        reader.set_trace_callback(statements.append)
+        repo_module.SQLiteRepo(reader).list_rollouts(flt)
+        reader.set_trace_callback(None)
+        page = statements[-1]
+        args = [
+            a
+            for a in (flt.model_version, flt.reward_min, flt.created_after, flt.created_before)
+            if a is not None
+        ]
+        plan = " ".join(str(r) for r in reader.execute("EXPLAIN QUERY PLAN " + page.split(" LIMIT ")[0]))
+        assert index in plan, (flt, plan)
+        assert "TEMP B-TREE" not in plan, (flt, plan)  # no sort: the page is read in enqueue order
+        assert "SCAN r " not in plan + " ", (flt, plan)  # no walk of the table itself
+        assert args  # (the statement traced is the page's, with its filters inlined by the trace)
+    reader.close()
