@@ -81,6 +81,16 @@ chromium:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
 	else echo "Chromium is not installed (apt-get install chromium): the dashboard's browser tests will skip"; fi
 
+# Debian's PostgreSQL, for the store's PostgreSQL backend: the tests start their own server in a temporary
+# directory (initdb, pg_ctl; tests/postgres.py). Installed with apt when missing and this runs as root, else the
+# tests that need it skip.
+.PHONY: postgresql
+postgresql:
+	@if command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
+	else echo "PostgreSQL is not installed (apt-get install postgresql): the PostgreSQL store's tests will skip"; fi
+
 lint: $(STAMP)
 	$(BIN)/ruff check agl_lite fake-k8s tests bench examples scripts
 	$(BIN)/ruff format --check agl_lite fake-k8s tests bench examples scripts
@@ -89,7 +99,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: lint typecheck verl claude-code codex chromium
+test: lint typecheck verl claude-code codex chromium postgresql
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)

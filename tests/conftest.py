@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -13,6 +14,7 @@ import structlog
 from agl_lite.core.server import Gateway
 from agl_lite.service import running_gateway
 from agl_lite.testing.gateway import write_config
+from tests.postgres import PG_BIN, postgres_server
 
 ADMIN_KEY = "test-admin-key-0123456789"
 
@@ -58,3 +60,26 @@ def gateway_factory(tmp_path: Path) -> GatewayFactory:
 
 def gateway_url(gw: Gateway) -> str:
     return f"http://127.0.0.1:{gw.port}"
+
+
+_databases = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    """The DSN of the session's PostgreSQL server (its `postgres` database)."""
+    if PG_BIN is None:
+        pytest.skip("PostgreSQL is not installed (make test installs Debian's postgresql)")
+    with postgres_server() as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def postgres_db(postgres_dsn: str) -> str:
+    """A new, empty database on the session's server: its DSN."""
+    import psycopg
+
+    name = f"t{next(_databases)}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}".encode())
+    return postgres_dsn.rsplit("/", 1)[0] + "/" + name

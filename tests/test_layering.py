@@ -10,7 +10,6 @@ ROOT = Path(__file__).resolve().parent.parent
 WITHOUT_A_MIRROR_TEST = {
     # Tested through the module that uses them (named after the `#`), or, for test doubles, through the tests
     # that drive them. A module added from now on gets its own tests/.../test_<module>.py.
-    "addons/store.py",  # tests/store, every addon test with a store
     "capture/client_view.py",  # tests/addons/test_anthropic.py
     "client/payloads.py",  # tests/client
     "client/results.py",

@@ -43,8 +43,8 @@ _LOGIN_COOKIE = "agl_dashboard_login"
 _LONG_POLL_S = 25.0
 _MAX_FORM_BYTES = 4096
 _CURSOR = Param("integer", 0, 0, 2**62)
-_REWARD = Param("number")
 """A keyset cursor in a query, parsed as the API's own parameters are (plain ASCII digits, bounded)."""
+_REWARD = Param("number")
 _STATUSES = frozenset(s.value for s in RolloutStatus)
 _STATIC = {
     "dashboard.css": "text/css; charset=utf-8",
@@ -209,7 +209,8 @@ class Dashboard:
         if name in ("dashboard", "dashboard.slash"):
             return _see_other("/dashboard/rollouts")
         if name == "dashboard.completed":
-            rows, cursor = await self.store.completed(_int(query, "after"), 100, _LONG_POLL_S)
+            stopping = self._ctx.stopping
+            rows, cursor = await self.store.completed_until(stopping, _int(query, "after"), 100, _LONG_POLL_S)
             done = [{"id": r.id, "status": r.status.value, "reward": r.reward} for r in rows]
             return _reply(200, orjson.dumps({"rollouts": done, "cursor": cursor}), "application/json")
         if name == "dashboard.gateway":

@@ -1,4 +1,5 @@
-"""Store: opens the rollout store (SQLite by default, or memory) and provides it to the other addons.
+"""Store: opens the rollout store (SQLite by default, PostgreSQL given a DSN, or memory) and provides it to the
+other addons.
 
 Put it first in the chain: `auth`, `sink`, `store_api` and the runner look the store up when they are configured.
 """
@@ -9,13 +10,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 from agl_lite.core.config import GatewayConfig, option
+from agl_lite.core.key_source import key_file, read_key
 from agl_lite.core.services import LoadContext
 from agl_lite.errors import ConfigError
 from agl_lite.store.memory import MemoryStore
 from agl_lite.store.rules import STORE, Store
 from agl_lite.store.sqlite import SQLiteStore
 
-__all__ = ["Storage"]
+__all__ = ["DSN_ENV", "Storage"]
+
+DSN_ENV = "AGL_STORE_DSN"
 
 
 class Storage:
@@ -30,10 +34,16 @@ class Storage:
             "sqlite", "`sqlite` (durable) or `memory` (tests, throwaway)."
         )
         path: str = option("agl-lite.db", "SQLite file, relative to the config file.")
+        dsn: str = option(
+            "",
+            "A PostgreSQL DSN (`postgresql://user:password@host:5432/db`): the store on that server, shared by "
+            "every gateway given it (replicas). Empty: `AGL_STORE_DSN`, or the file `AGL_STORE_DSN_FILE` names "
+            "(kept out of the config; read once, then wiped from the environment); neither: SQLite at `path`.",
+        )
         synchronous: Literal["NORMAL", "FULL"] = option(
             "NORMAL", "`NORMAL` survives a crash of the process; `FULL` also a power loss (slower commits)."
         )
-        batch: int = option(256, "Most writes committed in one SQLite transaction (group commit).")
+        batch: int = option(256, "Most writes committed in one transaction (group commit).")
         queue_size: int = option(
             10_000, "Writes waiting for the writer; past it, writes get 503 + Retry-After."
         )
@@ -51,8 +61,21 @@ class Storage:
 
     async def configure(self, config: GatewayConfig, options: Storage.Options | None) -> None:
         options = options or Storage.Options()
+        dsn = options.dsn or read_key(DSN_ENV)
+        if dsn and options.backend == "memory":
+            raise ConfigError(f"{config.source}: addons.store: a DSN is given, but backend is `memory`")
+        if (path := key_file(DSN_ENV)) is not None:
+            self._ctx.private_paths.add(path.resolve())
         if options.backend == "memory":
             self.store = MemoryStore()
+        elif dsn:
+            try:  # (an extra: SQLite needs nothing of it)
+                from agl_lite.store.postgres import PostgresStore
+            except ImportError as exc:
+                raise ConfigError(
+                    f"{config.source}: addons.store: a PostgreSQL DSN needs psycopg: pip install 'agl-lite[postgres]'"
+                ) from exc
+            self.store = await PostgresStore.open(dsn, batch=options.batch, queue_size=options.queue_size)
         else:
             path = (config.base_dir / options.path).resolve()
             self._ctx.private_paths.add(path)  # with its -wal and -shm beside it
@@ -69,11 +92,6 @@ class Storage:
         self.store.max_rollout_bytes = options.max_rollout_bytes or None
         self.store.max_event_bytes = options.max_event_bytes
         self._ctx.services.provide(STORE, self.store, by="store")
-        self._ctx.tasks.spawn(self._release_on_stop(self.store), name="store.release_on_stop")
-
-    async def _release_on_stop(self, store: Store) -> None:
-        await self._ctx.stopping.wait()
-        store.release_waiters()
 
     async def shutdown(self) -> None:
         if self.store is not None:

@@ -76,9 +76,9 @@ class StoreApi:
             "group_id": Param("string"),
             "reward_min": Param("number"),
             "reward_max": Param("number"),
-            "model_version": Param("string"),
-            "created_after": Param("number", None, 0),
-            "created_before": Param("number", None, 0),
+            "model_version": Param("string", pattern=r".{1,256}\Z"),
+            "created_after": Param("number"),
+            "created_before": Param("number"),
             "after": _SEQ,
             "limit": Param("integer", 100, 1, 1000),
         },
@@ -116,7 +116,7 @@ class StoreApi:
     async def rollouts_completed(self, call: Call) -> Any:
         """Terminal rollouts after a cursor (long-poll)."""
         q = call.query
-        rows, cursor = await self.store.completed(q["after"], q["limit"], q["wait"])
+        rows, cursor = await self.store.completed_until(self._ctx.stopping, q["after"], q["limit"], q["wait"])
         return {"rollouts": [r.to_json() for r in rows], "cursor": cursor}
 
     @table.endpoint("GET", R, A)

@@ -280,8 +280,8 @@ def rollouts_ls(
             reward_min=reward_min,
             reward_max=reward_max,
             model_version=model_version,
-            created_after=since.timestamp() if since else None,
-            created_before=until.timestamp() if until else None,
+            created_after=_epoch(since, "--since"),
+            created_before=_epoch(until, "--until"),
         ):
             rows.append(rollout)
             if limit and len(rows) >= limit:
@@ -289,6 +289,13 @@ def rollouts_ls(
         render.show(rows, as_json, render.rollouts_table)
 
     _run(ctx, work)
+
+
+def _epoch(when: datetime | None, option_name: str) -> float | None:
+    try:
+        return when.timestamp() if when is not None else None
+    except (ValueError, OverflowError, OSError) as exc:  # year 1: no local time for it
+        raise typer.BadParameter(f"{when}: {exc}", param_hint=option_name) from None
 
 
 @rollouts_app.command("show")

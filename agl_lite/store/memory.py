@@ -41,6 +41,7 @@ class MemoryRepo:
         self._deleted_responses: set[str] = set()
         self._completed: list[Rollout] = []
         self._enqueue_seq = 0
+        self._last_created = 0.0
 
     def get_rollout(self, rollout_id: str) -> Rollout | None:
         r = self._rollouts.get(rollout_id)
@@ -54,6 +55,7 @@ class MemoryRepo:
         stored = copy.copy(rollout)
         self._rollouts[rollout.id] = stored
         self._enqueue_seq = max(self._enqueue_seq, rollout.enqueue_seq)
+        self._last_created = max(self._last_created, rollout.created_at)
         if rollout.completion_seq is not None and rollout.completion_seq > self.last_completion_seq():
             self._completed.append(stored)
 
@@ -84,6 +86,9 @@ class MemoryRepo:
             if len(out) >= flt.limit:
                 break
         return out
+
+    def last_created_at(self) -> float:
+        return self._last_created
 
     def queued(self, limit: int) -> list[Rollout]:
         return self.list_rollouts(RolloutFilter(status=RolloutStatus.QUEUING, limit=limit))

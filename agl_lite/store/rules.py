@@ -9,6 +9,7 @@ not schedule.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -38,7 +39,7 @@ from agl_lite.store.records import (
     label_problem,
 )
 
-__all__ = ["STORE", "EventSpec", "Repo", "RolloutFilter", "RolloutSpec", "Store", "within_bytes"]
+__all__ = ["STORE", "EventSpec", "Repo", "RolloutFilter", "RolloutSpec", "Serial", "Store", "within_bytes"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -70,6 +71,21 @@ class EventSpec:
 
 
 @dataclass(slots=True, frozen=True)
+class Serial:
+    """An operation that gateways sharing one store must run one at a time, under the lock `key`: those that read a
+    counter of all rollouts and write the next value (enqueue positions, the completion cursor) or take the head
+    of the queue (claims). A backend with one writer runs every operation one at a time already and calls it as
+    it is; one shared by several processes (PostgreSQL) takes the lock before the transaction begins, so that
+    replicas queue for it rather than conflict and run again."""
+
+    fn: Callable[[Repo], Any]
+    key: str = "rollouts"
+
+    def __call__(self, repo: Repo) -> Any:
+        return self.fn(repo)
+
+
+@dataclass(slots=True, frozen=True)
 class RolloutFilter:
     status: RolloutStatus | None = None
     mode: str | None = None
@@ -97,6 +113,7 @@ class Repo(Protocol):
     def queued(self, limit: int) -> list[Rollout]: ...
     def running(self) -> list[Rollout]: ...
     def last_enqueue_seq(self) -> int: ...
+    def last_created_at(self) -> float: ...
     def last_completion_seq(self) -> int: ...
     def completed_after(self, after: int, limit: int) -> list[Rollout]: ...
     def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None: ...
@@ -193,7 +210,6 @@ class Store:
         # likewise, for runners in this process (claim on enqueue, not polling)
         self._enqueued = asyncio.Event()
         self.completion_waiters = 0
-        self._released = False  # (`release_waiters`)
         """Long-polls now waiting for a completion (metrics, and tests that must know one is waiting)."""
         self._status: dict[str, RolloutStatus] = {}
         self._seen_attempts: set[tuple[str, str]] = set()
@@ -242,7 +258,9 @@ class Store:
                 raise BadRequest("config.timeout_s must be positive")
 
         def op(repo: Repo) -> list[Rollout]:
-            now = time.time()
+            # Never before the last one: a clock set back must not put creation times out of enqueue order (the
+            # list's time filter relies on it).
+            now = max(time.time(), repo.last_created_at())
             seq = repo.last_enqueue_seq()
             out: list[Rollout] = []
             created: dict[str, Rollout] = {}
@@ -268,10 +286,13 @@ class Store:
                 out.append(rollout)
             return out
 
-        result = await self._write(op)
+        result: list[Rollout] = await self._write(Serial(op))
+        self._notify_enqueued()
+        return result
+
+    def _notify_enqueued(self) -> None:
         self._enqueued.set()
         self._enqueued = asyncio.Event()
-        return result
 
     def enqueued(self) -> asyncio.Event:
         """An event the next enqueue sets: a runner takes it before claiming and waits on it, missing none."""
@@ -282,6 +303,9 @@ class Store:
 
     async def list_rollouts(self, flt: RolloutFilter = RolloutFilter()) -> list[Rollout]:
         self._check_limit(flt.limit, 1)
+        bounds = (flt.reward_min, flt.reward_max, flt.created_after, flt.created_before)
+        if any(b is not None and not math.isfinite(b) for b in bounds):
+            raise BadRequest("reward and time bounds must be finite numbers")
         return await self._read(lambda repo: repo.list_rollouts(flt))
 
     async def cancel(self, rollout_id: str, message: str | None = None) -> Rollout:
@@ -296,7 +320,7 @@ class Store:
 
     async def _end(self, rollout_id: str, status: RolloutStatus, message: str | None) -> Rollout:
         return await self._then_note(
-            lambda repo: self._transition(repo, rollout_id, status, message),
+            Serial(lambda repo: self._transition(repo, rollout_id, status, message)),
             lambda result: self._ended(rollout_id, result.status),
         )
 
@@ -362,7 +386,7 @@ class Store:
                 out.append(rollout)
             return out
 
-        claimed = await self._write(op)
+        claimed: list[Rollout] = await self._write(Serial(op))
         for rollout in claimed:
             self._status[rollout.id] = rollout.status
         return claimed
@@ -384,7 +408,7 @@ class Store:
             changed = self._completed
             rows = await self._read(lambda repo: repo.completed_after(after, limit))
             remaining = deadline - asyncio.get_running_loop().time()
-            if rows or remaining <= 0 or self._released:
+            if rows or remaining <= 0:
                 cursor = rows[-1].completion_seq if rows else after
                 return rows, cursor or after
             self.completion_waiters += 1
@@ -395,11 +419,20 @@ class Store:
             finally:
                 self.completion_waiters -= 1
 
-    def release_waiters(self) -> None:
-        """End every long poll now, and make later ones answer at once (the gateway is stopping: they must not
-        hold its shutdown for their whole wait)."""
-        self._released = True
-        self._notify_completion()
+    async def completed_until(
+        self, stop: asyncio.Event, after: int, limit: int, wait: float
+    ) -> tuple[list[Rollout], int]:
+        """`completed`, cut short when `stop` is set: an empty page at the same cursor. A stopping gateway answers
+        its HTTP long polls at once this way, so that they do not hold its shutdown for their whole wait."""
+        poll = asyncio.ensure_future(self.completed(after, limit, wait))
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            done, _ = await asyncio.wait((poll, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not poll.done():  # (stopped, or this caller cancelled)
+                poll.cancel()
+        return poll.result() if poll in done else ([], after)
 
     def _notify_completion(self) -> None:
         self._completed.set()

@@ -48,9 +48,11 @@ curl -sf -H "Authorization: Bearer $OPENAI_API_KEY" -H "Content-Type: applicatio
 """
 
 
-def write_crash_config(directory: Path, mock_url: str, *, runner: bool = False) -> Path:
-    """The gateway under test; with `runner`, the same store with the local runner added to the chain."""
-    addons: dict[str, Any] = {"store": {"backend": "sqlite", "path": str(directory / "store.db")}}
+def write_crash_config(directory: Path, mock_url: str, *, runner: bool = False, dsn: str = "") -> Path:
+    """The gateway under test; with `runner`, the same store with the local runner added to the chain. The store:
+    SQLite in `directory`, or PostgreSQL at `dsn`."""
+    store = {"dsn": dsn} if dsn else {"backend": "sqlite", "path": str(directory / "store.db")}
+    addons: dict[str, Any] = {"store": store}
     chain = CHAIN
     if runner:
         agent = directory / "agent.sh"
@@ -439,9 +441,10 @@ async def run_trials(
     ledger: Ledger,
     started: list[GatewayProcess],
     on_trial: Callable[[TrialFigures], None] | None = None,
+    dsn: str = "",
 ) -> list[TrialFigures]:
     """`trials` kills and restarts; returns each restart's figures (their checks hold what was lost: nothing)."""
-    config = write_crash_config(directory, mock_url)
+    config = write_crash_config(directory, mock_url, dsn=dsn)
     env = {"AGL_KEY": admin_key}
     rng = random.Random(seed)
     figures: list[TrialFigures] = []

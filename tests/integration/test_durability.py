@@ -56,3 +56,35 @@ async def test_sigkilled_gateway_loses_no_acknowledged_write_and_the_runner_reco
     assert recovery.problems == [], f"seed {seed}: {recovery.problems[:20]}"
     assert recovery.taken_back > 0, f"seed {seed}: no kill left a rollout running: nothing was recovered"
     assert (tmp_path / "store.db").exists()
+
+
+PG_TRIALS = 20
+
+
+async def test_a_sigkilled_replica_on_postgresql_loses_no_acknowledged_write(
+    tmp_path: Path, seed: int, postgres_db: str
+) -> None:
+    """The same ingest and kills, the store on PostgreSQL (#21: 20 trials, every acknowledgement counted by the
+    client). A gateway on PostgreSQL keeps nothing of its own: what it acknowledged, the server committed."""
+    ledger = Ledger()
+    async with running_mock(MockVLLM(("smollm2",))) as mock_url, gateway_processes() as started:
+        figures = await run_trials(
+            tmp_path,
+            mock_url,
+            admin_key=ADMIN_KEY,
+            seed=seed,
+            trials=PG_TRIALS,
+            ledger=ledger,
+            started=started,
+            dsn=postgres_db,
+        )
+    for f in figures:
+        assert not f.check.missing, (
+            f"seed {seed}, trial {f.index}: acknowledged writes lost: {f.check.missing[:20]}"
+        )
+        assert not f.check.bad, f"seed {seed}, trial {f.index}: impossible states: {f.check.bad[:20]}"
+    assert len(figures) == PG_TRIALS
+    assert ledger.calls
+    assert ledger.claimed
+    assert ledger.finished
+    assert not (tmp_path / "store.db").exists()  # (nothing went to SQLite)

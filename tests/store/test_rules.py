@@ -10,7 +10,7 @@ import pytest
 
 from agl_lite.errors import BadRequest, Conflict, Forbidden, NotFound, PayloadTooLarge, QuotaExceeded
 from agl_lite.store import rules
-from agl_lite.store.memory import MemoryRepo
+from agl_lite.store.memory import MemoryRepo, MemoryStore
 from agl_lite.store.records import (
     AttemptStatus,
     CallOutcome,
@@ -20,7 +20,7 @@ from agl_lite.store.records import (
     RolloutStatus,
 )
 from agl_lite.store.rules import EventSpec, RolloutFilter, RolloutSpec, Store
-from agl_lite.store.sqlite import SQLiteRepo, SQLiteStore
+from agl_lite.store.sqlite import SQLiteRepo
 
 
 async def running_rollout(store: Store, rid: str = "r1", **config: object) -> None:
@@ -107,6 +107,42 @@ async def test_list_filters_by_reward_time_and_model_version_in_pages(
     assert await ids(model_version="v1") == ["r1", "r4"]
     assert await ids(model_version="v1", reward_min=1.0, created_after=1020.0) == ["r4"]
     assert await ids(model_version="v9") == []
+
+
+async def test_time_windows_hold_whole_batches_and_survive_a_clock_set_back(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch shares one creation time, and its rows are rewritten by claims and finishes (new row ids in SQLite):
+    a window's bounds still take the whole batch. A clock set back cannot put a rollout before an earlier one."""
+    clock = [1000.0]
+    monkeypatch.setattr(rules, "time", SimpleNamespace(time=lambda: clock[0]))
+    await store.enqueue([RolloutSpec(input=i, id=f"a{i}") for i in range(3)])
+    clock[0] = 500.0  # set back
+    await store.enqueue([RolloutSpec(input=0, id="late")])
+    clock[0] = 2000.0
+    await store.enqueue([RolloutSpec(input=i, id=f"b{i}") for i in range(3)])
+    await store.claim("runner", 5)
+    await store.finish("a0", RolloutStatus.SUCCEEDED)
+
+    async def ids(**filters: float) -> list[str]:
+        return [r.id for r in await store.list_rollouts(RolloutFilter(**filters))]  # type: ignore[arg-type]
+
+    assert (await store.get_rollout("late")).created_at == 1000.0
+    assert await ids(created_after=1500.0) == ["b0", "b1", "b2"]
+    assert await ids(created_before=1500.0) == ["a0", "a1", "a2", "late"]
+    assert await ids(created_after=400.0, created_before=1001.0) == ["a0", "a1", "a2", "late"]
+    with pytest.raises(BadRequest, match="finite"):
+        await store.list_rollouts(RolloutFilter(reward_min=float("nan")))
+
+
+async def test_a_model_version_first_seen_before_its_rollout_existed_is_listed_once_it_does(
+    store: Store,
+) -> None:
+    early = call("later", 1, [1], [[2]], model_version="v1")
+    await store.add_call(early)
+    await store.enqueue([RolloutSpec(input=1, id="later")])
+    await store.add_call(call("later", 2, [1, 2], [[3]], model_version="v1"))
+    assert [r.id for r in await store.list_rollouts(RolloutFilter(model_version="v1"))] == ["later"]
 
 
 async def test_finish_and_illegal_transitions(store: Store) -> None:
@@ -465,7 +501,7 @@ async def test_a_rollouts_token_total_is_read_once_however_many_ask_and_then_kep
     for i in range(50):
         await store.add_call(call("r1", i, [1, 2, 3], [[4, 5]]))
     reads = 0
-    target = SQLiteRepo if isinstance(store, SQLiteStore) else MemoryRepo
+    target = MemoryRepo if isinstance(store, MemoryStore) else SQLiteRepo  # (PostgreSQL's repo is SQLite's)
     original = target.rollout_tokens
 
     def counting(self: object, rollout_id: str) -> int:

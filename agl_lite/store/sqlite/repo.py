@@ -144,17 +144,19 @@ class SQLiteRepo:
         version is looked up in `rollout_versions` (also in enqueue order). Reward and time alone are tested on the
         `rollouts_scan` index, whose entries hold both (no row is read that does not match); a time window first
         finds its bounds in enqueue order on `rollouts_created`, so that a recent window does not walk the whole
-        history (enqueue order is creation order, as long as the gateway's clock is not set back)."""
+        history (creation times never decrease in enqueue order: `Store.enqueue` makes sure of it)."""
         # the page's key: the versions' when they drive the page
         key = "r.enqueue_seq" if flt.model_version is None else "v.enqueue_seq"
         after, last = flt.after, None
         if flt.created_after is not None:
-            first = self._enqueued_at("created_at >= ? ORDER BY created_at", flt.created_after)
+            first = self._enqueued_at("created_at >= ? ORDER BY created_at, enqueue_seq", flt.created_after)
             if first is None:
                 return []
             after = max(after, first - 1)
         if flt.created_before is not None:
-            last = self._enqueued_at("created_at < ? ORDER BY created_at DESC", flt.created_before)
+            last = self._enqueued_at(
+                "created_at < ? ORDER BY created_at DESC, enqueue_seq DESC", flt.created_before
+            )
             if last is None:
                 return []
         # (One term per bound: given two, SQLite searches the index from one and tests the other on each entry.)
@@ -205,6 +207,10 @@ class SQLiteRepo:
         rows = self.conn.execute("SELECT body FROM rollouts WHERE status = 'running' ORDER BY enqueue_seq")
         return [codec.rollout_from_json(load_json(b)) for (b,) in rows]
 
+    def last_created_at(self) -> float:
+        row = self.conn.execute("SELECT MAX(created_at) FROM rollouts").fetchone()
+        return float(row[0] or 0.0)
+
     def last_enqueue_seq(self) -> int:
         return int(self.conn.execute("SELECT COALESCE(MAX(enqueue_seq), 0) FROM rollouts").fetchone()[0])
 
@@ -242,7 +248,7 @@ class SQLiteRepo:
             return known
         row = self.conn.execute(
             "SELECT MAX(seq) FROM (SELECT MAX(seq) AS seq FROM events WHERE rollout_id = ? UNION ALL"
-            " SELECT MAX(event_seq) FROM calls WHERE rollout_id = ? AND event_seq IS NOT NULL)",
+            " SELECT MAX(event_seq) FROM calls WHERE rollout_id = ? AND event_seq IS NOT NULL) AS s",
             (rollout_id, rollout_id),
         ).fetchone()
         return int(row[0] or 0)
@@ -348,12 +354,13 @@ class SQLiteRepo:
             if pair not in self._versions:
                 if len(self._versions) >= 100_000:
                     self._versions.clear()  # a cache: INSERT OR IGNORE keeps the table right without it
-                self.conn.execute(
+                inserted = self.conn.execute(
                     "INSERT OR IGNORE INTO rollout_versions (model_version, enqueue_seq)"
                     " SELECT ?, enqueue_seq FROM rollouts WHERE id = ?",
                     (version, call.rollout_id),
-                )
-                self._versions.add(pair)
+                ).rowcount
+                if inserted or self.rollout_state(call.rollout_id) is not None:  # (not before its rollout is)
+                    self._versions.add(pair)
         if scope is not None and prompt is not None:
             base = int(cur.lastrowid or 0) * _SLOTS
             pending = self._pending
@@ -411,17 +418,27 @@ class SQLiteRepo:
         max_bytes: int | None = None,
         label: tuple[str, str] | None = None,
     ) -> list[LLMCall]:
-        sql = f"SELECT {_CALL_COLUMNS} FROM calls WHERE rollout_id IS ? AND order_key > ?"
-        args: list[Any] = [rollout_id, after_order_key]
+        if rollout_id is None:
+            sql = f"SELECT {_CALL_COLUMNS} FROM calls WHERE rollout_id IS NULL AND order_key > ?"
+            args: list[Any] = [after_order_key]
+        else:
+            sql = f"SELECT {_CALL_COLUMNS} FROM calls WHERE rollout_id = ? AND order_key > ?"
+            args = [rollout_id, after_order_key]
         if attempt_id is not None:
             sql += " AND attempt_id = ?"
             args.append(attempt_id)
         if label is not None:
-            # A JSON path, the key quoted: keys are `LABEL_KEY` (no quote, no backslash), checked where they come in.
-            sql += " AND json_extract(labels, ?) = ?"
-            args += (f'$."{label[0]}"', label[1])
+            sql += self.LABEL_TERM
+            args += self._label_args(*label)
         cursor = self.conn.execute(sql + " ORDER BY order_key LIMIT ?", (*args, limit))
         return self._decode_calls(within_bytes(cursor, max_bytes, _call_row_bytes))
+
+    LABEL_TERM = " AND json_extract(labels, ?) = ?"
+    """A call's label in SQL (the column holds the labels as JSON text)."""
+
+    def _label_args(self, key: str, value: str) -> tuple[str, str]:
+        # A JSON path, the key quoted: keys are `LABEL_KEY` (no quote, no backslash), checked where they come in.
+        return f'$."{key}"', value
 
     def response_call(self, response_id: str) -> LLMCall | None:
         # The term of the partial index (schema v7) repeated, so that SQLite may search it (a scan otherwise).

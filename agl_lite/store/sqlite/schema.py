@@ -118,7 +118,7 @@ MIGRATIONS: list[str] = [
 ]
 _V9_INDEXES = (
     "CREATE INDEX rollouts_scan ON rollouts (enqueue_seq, reward, created_at)",
-    "CREATE INDEX rollouts_created ON rollouts (created_at)",
+    "CREATE INDEX rollouts_created ON rollouts (created_at, enqueue_seq)",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -27,7 +27,7 @@ from agl_lite.store.rules import Store
 from agl_lite.store.sqlite.repo import SQLiteRepo, connect
 from agl_lite.store.sqlite.schema import migrate
 
-__all__ = ["SQLiteStore", "commit_error"]
+__all__ = ["SQLiteStore", "admit", "commit_error", "settle_all"]
 
 log = structlog.get_logger("agl_lite.store.sqlite")
 
@@ -127,7 +127,7 @@ class SQLiteStore(Store):
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agl-sqlite-read")
         self._reader_conns: list[sqlite3.Connection] = []  # closed with the store, so that its WAL goes too
         self._read_gate = threading.Lock()
-        self._notes: dict[asyncio.Future[Any], Callable[[Any], object]] = {}  # (`_submit`, `_settle_all`)
+        self._notes: dict[asyncio.Future[Any], Callable[[Any], object]] = {}  # (`_submit`, `settle_all`)
         self._index = PrefixIndex()
         self._repo: SQLiteRepo  # the writer's, on the writer connection (`open`)
         self.commits = 0
@@ -169,18 +169,11 @@ class SQLiteStore(Store):
     ) -> asyncio.Future[T]:
         if self._writer is None:
             raise RuntimeError("SQLiteStore.open() was not awaited")
-        if self._submitted - self.ops >= self._queue_size:
-            raise ServiceUnavailable(
-                "the store's write queue is full; retry later", headers={"Retry-After": "1"}
-            )
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
+        fut, loop = admit(self._submitted - self.ops, self._queue_size, self._notes, note)
         pending = self._pending
         if not pending:
             loop.call_soon(self._flush)
         pending.append((fn, fut, loop))
-        if note is not None:
-            self._notes[fut] = note
         self._submitted += 1
         return fut
 
@@ -328,9 +321,9 @@ class SQLiteStore(Store):
         running = asyncio._get_running_loop()
         for loop, settled in by_loop.items():  # one hand-off per batch and loop, not one per write
             if loop is running:
-                _settle_all(settled)
+                settle_all(settled)
             else:
-                loop.call_soon_threadsafe(_settle_all, settled)
+                loop.call_soon_threadsafe(settle_all, settled)
         return True
 
     def _begin(self, wait: bool) -> None:
@@ -418,7 +411,23 @@ def _wal_bytes(path: str) -> int:
 _Settled = tuple[asyncio.Future[Any], Any, BaseException | None, Callable[[Any], object] | None]
 
 
-def _settle_all(settled: list[_Settled]) -> None:
+def admit(
+    depth: int,
+    limit: int,
+    notes: dict[asyncio.Future[Any], Callable[[Any], object]],
+    note: Callable[[T], object] | None,
+) -> tuple[asyncio.Future[T], asyncio.AbstractEventLoop]:
+    """A queued write's future (and its loop), its note kept for `settle_all`; 503 past `limit` writes waiting."""
+    if depth >= limit:
+        raise ServiceUnavailable("the store's write queue is full; retry later", headers={"Retry-After": "1"})
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+    if note is not None:
+        notes[fut] = note
+    return fut, loop
+
+
+def settle_all(settled: list[_Settled]) -> None:
     """Each write's note (`Store._then_note`: what the store keeps of it), in commit order and before any waiter
     resumes, also for a write whose caller stopped waiting; then the waiters' results."""
     for fut, value, error, note in settled:

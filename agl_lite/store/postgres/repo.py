@@ -1,0 +1,117 @@
+"""Row access to the PostgreSQL store: the SQLite repository's storage format and SQL, said in PostgreSQL's dialect.
+
+`SQLiteRepo` holds the format of every record and the SQL that reads and writes it; that SQL is written in the
+subset both engines share, but for a few spellings. `PgConnection` gives the repository the `execute` it expects
+and rewrites those spellings once per statement (cached): `?` placeholders, SQLite's `INSERT OR REPLACE` / `OR
+IGNORE` (an upsert and `ON CONFLICT DO NOTHING`), its `INDEXED BY` hint (PostgreSQL's planner takes no hints), a
+`CROSS JOIN … ON` (SQLite's way of fixing the join order), and the call insert's row id (`RETURNING seq`). One
+repository for both backends means one storage format and the same store rules on both, tested by one suite.
+
+What differs in behaviour is what a shared server needs: the writer's caches of event sequence numbers and rollout
+states assume one process owns the store (SQLite's case), so they are off here: several gateways write the same
+rollouts.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+import psycopg
+
+from agl_lite.store.packed_ids import PrefixIndex
+from agl_lite.store.records import Rollout
+from agl_lite.store.sqlite.repo import SQLiteRepo
+
+__all__ = ["PgConnection", "PostgresRepo", "translate"]
+
+_KEYS = {"rollouts": ("id",), "attempts": ("rollout_id", "id"), "models": ("name",)}
+"""The conflict target of each table written with `INSERT OR REPLACE`."""
+_REPLACE = re.compile(r"\s*INSERT OR REPLACE INTO (\w+)\s*\(([^)]*)\)")
+
+
+@functools.lru_cache(maxsize=512)
+def translate(sql: str) -> bytes:
+    """SQLite's statement `sql` in PostgreSQL's dialect (bytes: psycopg runs it as given)."""
+    out = sql
+    if m := _REPLACE.match(out):
+        table, columns = m[1], [c.strip() for c in m[2].split(",")]
+        keys = _KEYS[table]
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c not in keys)
+        out = f"INSERT INTO {table} ({', '.join(columns)}){out[m.end() :]}"
+        out += f" ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}"
+    elif out.lstrip().startswith("INSERT OR IGNORE INTO"):
+        out = out.replace("INSERT OR IGNORE INTO", "INSERT INTO", 1) + " ON CONFLICT DO NOTHING"
+    out = re.sub(r" INDEXED BY \w+", "", out).replace(" CROSS JOIN ", " JOIN ")
+    out = out.replace("json_extract(labels, ?)", "(labels::jsonb ->> ?)")
+    out = out.replace("%", "%%").replace("?", "%s")
+    if out.startswith("INSERT INTO calls "):
+        out += " RETURNING seq"
+    return out.encode()
+
+
+class _Cursor:
+    """A psycopg cursor with the `lastrowid` of SQLite's (the call insert's `RETURNING seq`)."""
+
+    __slots__ = ("_cur", "lastrowid")
+
+    def __init__(self, cur: psycopg.Cursor[Any], returning: bool) -> None:
+        self._cur = cur
+        self.lastrowid = cur.fetchone()[0] if returning else None  # type: ignore[index]
+
+    @property
+    def rowcount(self) -> int:
+        return self._cur.rowcount
+
+    def fetchone(self) -> Any:
+        return self._cur.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self._cur.fetchall()
+
+    def __iter__(self) -> Any:
+        return iter(self._cur)
+
+
+class PgConnection:
+    """What `SQLiteRepo` calls on its connection, on a psycopg connection."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.raw = conn
+
+    def execute(self, sql: str, params: Any = ()) -> _Cursor:
+        query = translate(sql)
+        return _Cursor(self.raw.execute(query, params or None), query.endswith(b"RETURNING seq"))
+
+    def executemany(self, sql: str, params: Any) -> None:
+        with self.raw.cursor() as cur:
+            cur.executemany(translate(sql), params)
+
+
+class PostgresRepo(SQLiteRepo):
+    """`SQLiteRepo` on a PostgreSQL connection, without the caches that assume one process owns the store."""
+
+    def __init__(
+        self, conn: psycopg.Connection[Any], index: PrefixIndex | None = None, origin: str = ""
+    ) -> None:
+        super().__init__(PgConnection(conn), index)  # type: ignore[arg-type]
+        self._seqs = None
+        self._states = None
+        self.origin = origin
+        """The writing store's id, in its notifications: it skips its own."""
+
+    def _label_args(self, key: str, value: str) -> tuple[str, str]:
+        return key, value  # (`->>` takes the key itself)
+
+    def put_rollout(self, rollout: Rollout, *, new: bool) -> None:
+        super().put_rollout(rollout, new=new)
+        # Every replica's waiters hear of it when (and only if) the transaction commits; PostgreSQL sends one
+        # notification per channel and payload per transaction, however many rollouts it wrote.
+        if new:
+            self.conn.execute("SELECT pg_notify('agl_store', 'enqueued')")
+        if (
+            rollout.completion_seq is not None
+        ):  # (ended: the other replicas cut its calls and wake their polls)
+            ended = f"ended {self.origin} {rollout.status.value} {rollout.id}"
+            self.conn.execute("SELECT pg_notify('agl_store', ?)", (ended,))

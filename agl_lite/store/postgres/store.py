@@ -1,0 +1,355 @@
+"""The PostgreSQL store: writes in serializable transactions with group commit, retried when the server finds them
+in conflict with another replica's, and reads on connections of their own.
+
+Every write is one operation of the store's rules (`store.rules`), run on `PostgresRepo` inside a transaction at
+`SERIALIZABLE` isolation. The rules read and then write (the next enqueue position is the largest plus one, a
+claim takes the oldest queuing rollouts, a rollout's next event number...): under `SERIALIZABLE`, PostgreSQL
+guarantees that transactions of several gateways that commit could have run one after the other, and aborts one
+of any pair that could not (SQLSTATE 40001). That one is run again, whole, on fresh data. So no rollout is claimed
+twice, and no transition is lost, whichever replica makes it. A write is acknowledged only after its transaction
+committed.
+
+A writer thread per process runs the transactions (psycopg's connections are blocking; the loop never waits on the
+server). It takes what queued while the previous transaction ran, up to `batch` operations in one transaction
+(group commit). A batch that the server aborts for a conflict runs again up to `RETRIES` times; a batch failing
+otherwise is rolled back and its operations are run one transaction each, so that only the failing one fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import queue
+import random
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import psycopg
+import structlog
+from psycopg import errors as pg_errors
+
+from agl_lite.errors import ConfigError, HttpError, InternalError, ServiceUnavailable
+from agl_lite.store.packed_ids import PrefixIndex
+from agl_lite.store.postgres.repo import PostgresRepo
+from agl_lite.store.postgres.schema import _safe, migrate
+from agl_lite.store.records import RolloutStatus
+from agl_lite.store.rules import Serial, Store
+from agl_lite.store.sqlite.store import admit, settle_all
+
+__all__ = ["PostgresStore"]
+
+log = structlog.get_logger("agl_lite.store.postgres")
+
+T = TypeVar("T")
+
+_Item = tuple[Callable[[PostgresRepo], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
+
+RETRIES = 20
+"""Runs of a transaction that the server aborted for a conflict with another's, before its writes fail (503)."""
+RETRY_AFTER_S = 1
+_CONFLICTS = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.UniqueViolation)
+"""What a transaction meets when another replica's ran beside it (a read-then-insert of the same next number
+included): run again on fresh data."""
+_TERMINAL = frozenset(s.value for s in RolloutStatus if s.terminal)
+
+
+def _lock_of(item: _Item) -> str | None:
+    return item[0].key if isinstance(item[0], Serial) else None
+
+
+def _lock_key(name: str) -> int:
+    """A `Serial` lock's name as PostgreSQL's advisory lock key (64 bits, the same in every replica)."""
+    return int.from_bytes(
+        hashlib.blake2b(f"agl-lite/{name}".encode(), digest_size=8).digest(), "big", signed=True
+    )
+
+
+class _Lost(Exception):
+    """The connection to the server broke (its transaction's outcome is the server's: it rolled back)."""
+
+
+class PostgresStore(Store):
+    """`await PostgresStore.open(dsn)`: the store on a PostgreSQL server, shared by every gateway given the DSN."""
+
+    def __init__(self, dsn: str, *, batch: int = 256, queue_size: int = 10_000, readers: int = 4) -> None:
+        super().__init__()
+        self.dsn = dsn
+        self.batch = batch
+        self._queue: queue.Queue[_Item | None] = queue.Queue()
+        self._queue_size = queue_size
+        self._submitted = 0  # (the loop's)
+        self.ops = 0  # (the writer thread's)
+        self.commits = 0
+        self.conflicts = 0
+        """Transactions the server aborted for a conflict with another's (and that ran again)."""
+        self._notes: dict[asyncio.Future[Any], Callable[[Any], object]] = {}
+        self._index = PrefixIndex()
+        self._writer: threading.Thread | None = None
+        self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agl-pg-read")
+        self._local = threading.local()
+        self._reader_conns: list[psycopg.Connection[Any]] = []
+        self._conn: psycopg.Connection[Any] | None = None
+        self._listener: threading.Thread | None = None
+        self._closing = threading.Event()
+        self.origin = secrets.token_hex(8)
+        """This store's id in its notifications (it has heard of its own writes already)."""
+
+    @classmethod
+    async def open(cls, dsn: str, **kwargs: Any) -> PostgresStore:
+        store = cls(dsn, **kwargs)
+        await asyncio.to_thread(store._prepare)
+        store._writer = threading.Thread(target=store._write_loop, name="agl-pg-writer", daemon=True)
+        store._writer.start()
+        loop = asyncio.get_running_loop()
+        store._listener = threading.Thread(
+            target=store._listen, args=(loop,), name="agl-pg-listen", daemon=True
+        )
+        store._listener.start()
+        return store
+
+    def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wake this process's waiters (long polls, runners) when any replica enqueues or ends a rollout: LISTEN
+        on the channel the repository notifies as it commits. A notification is a hint to read again, never the
+        data: one missed while the connection was down costs a waiter its timeout, not a completion."""
+        while not self._closing.is_set():
+            try:
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
+                    conn.execute("LISTEN agl_store")
+                    while not self._closing.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            try:
+                                self._heard(loop, note.payload)
+                            except RuntimeError:  # the loop closed: the store is going too
+                                return
+            except psycopg.Error as exc:
+                log.warning("store notifications lost; listening again", error=repr(exc))
+                self._closing.wait(1.0)
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(self.dsn, connect_timeout=10)
+        conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+        return conn
+
+    def _prepare(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
+                migrate(conn, self.dsn)
+            self._conn = self._connect()
+        except psycopg.Error as exc:
+            raise ConfigError(f"cannot open the store {_safe(self.dsn)}: {exc}") from exc
+
+    @property
+    def queue_depth(self) -> int:
+        return self._submitted - self.ops
+
+    def _heard(self, loop: asyncio.AbstractEventLoop, payload: str) -> None:
+        """A notification, handed to the loop: `enqueued` wakes the runners; `ended ORIGIN STATUS ROLLOUT` (from
+        another replica) does here what ending it here does: the status known, its calls in flight cut, the long
+        polls woken."""
+        if payload == "enqueued":
+            loop.call_soon_threadsafe(self._notify_enqueued)
+            return
+        kind, _, rest = payload.partition(" ")
+        origin, _, rest = rest.partition(" ")
+        status, _, rollout_id = rest.partition(" ")
+        if kind == "ended" and origin != self.origin and status in _TERMINAL:
+            loop.call_soon_threadsafe(self._ended, rollout_id, RolloutStatus(status))
+
+    # --- writes --------------------------------------------------------------------------------------------------
+
+    async def _write(self, fn: Callable[[PostgresRepo], T]) -> T:
+        return await self._submit(fn)
+
+    def _submit(
+        self, fn: Callable[[PostgresRepo], T], note: Callable[[T], object] | None = None
+    ) -> asyncio.Future[T]:
+        if self._writer is None:
+            raise RuntimeError("PostgresStore.open() was not awaited")
+        fut, loop = admit(self._submitted - self.ops, self._queue_size, self._notes, note)
+        self._submitted += 1
+        self._queue.put_nowait((fn, fut, loop))
+        return fut
+
+    def _write_loop(self) -> None:
+        stop = False
+        while not stop:
+            item = self._queue.get()
+            if item is None:
+                break
+            batch = [item]
+            while len(batch) < self.batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            # In submission order, one transaction per run of operations under the same lock (or none).
+            for lock, run in itertools.groupby(batch, key=_lock_of):
+                self._commit_batch(list(run), lock)
+
+    def _commit_batch(self, batch: list[_Item], lock: str | None = None) -> None:
+        try:
+            results = self._run_retrying(batch, lock)
+        except Exception as exc:
+            log.warning(
+                "store batch failed; retrying its writes one by one", error=repr(exc), size=len(batch)
+            )
+            results = []
+            for item in batch:
+                try:
+                    results += self._run_retrying([item], lock)
+                except Exception as exc_one:
+                    log.error("store commit failed", error=repr(exc_one))
+                    results.append((item[1], item[2], None, _commit_error(exc_one)))
+        self.ops += len(batch)
+        by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        for fut, loop, value, error in results:
+            by_loop.setdefault(loop, []).append((fut, value, error, self._notes.pop(fut, None)))
+        for loop, settled in by_loop.items():
+            loop.call_soon_threadsafe(settle_all, settled)
+
+    def _run_retrying(self, batch: list[_Item], lock: str | None) -> list[tuple[Any, ...]]:
+        for attempt in range(RETRIES):
+            try:
+                return self._run_batch(batch, lock)
+            except _CONFLICTS:
+                self.conflicts += 1
+                time.sleep(random.uniform(0, min(0.1, 0.002 * 2**attempt)))  # apart, so the next run differs
+            except _Lost:
+                time.sleep(min(1.0, 0.05 * 2**attempt))
+        raise ServiceUnavailable(
+            "the store's transaction kept conflicting with other gateways'; retry later",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+
+    def _run_batch(self, batch: list[_Item], lock: str | None = None) -> list[tuple[Any, ...]]:
+        conn = self._conn
+        if conn is None or conn.closed:
+            try:
+                conn = self._conn = self._connect()
+            except psycopg.OperationalError as exc:
+                log.warning("store server unreachable", error=repr(exc))
+                raise _Lost from exc
+        if lock is None:
+            return self._run_in_transaction(conn, batch)
+        # `Serial` operations: the lock (of the session, every replica's) before the transaction, so that its
+        # snapshot is taken once the replica before it committed.
+        key = _lock_key(lock)
+        try:
+            conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+            conn.commit()
+            try:
+                return self._run_in_transaction(conn, batch)
+            finally:
+                if not conn.closed:
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+                    conn.commit()
+        except psycopg.OperationalError as exc:
+            if conn.closed:  # (a session's locks go with it)
+                raise _Lost from exc
+            raise
+
+    def _run_in_transaction(self, conn: psycopg.Connection[Any], batch: list[_Item]) -> list[tuple[Any, ...]]:
+        repo = PostgresRepo(conn, self._index, self.origin)
+        results: list[tuple[Any, ...]] = []
+        added: list[Any] = []
+        try:
+            for fn, fut, loop in batch:
+                try:
+                    value = fn(repo)
+                except HttpError as exc:  # the rules refuse before an operation's first write
+                    repo.end_op(False)
+                    results.append((fut, loop, None, exc))
+                    continue
+                except psycopg.Error:
+                    raise
+                except Exception as exc:  # a bug: its partial writes must not be committed with the batch
+                    raise RuntimeError(f"operation failed: {exc!r}") from exc
+                added += repo.end_op(True)
+                results.append((fut, loop, value, None))
+            conn.commit()
+        except BaseException as exc:
+            repo.end_op(False)
+            if not conn.closed:
+                try:
+                    conn.rollback()
+                except psycopg.Error:
+                    conn.close()
+            if isinstance(exc, psycopg.OperationalError) and conn.closed:
+                raise _Lost from exc
+            raise
+        self.commits += 1
+        for scope, ref, ids in added:
+            self._index.add(scope, ref, ids)
+        return results
+
+    # --- reads ---------------------------------------------------------------------------------------------------
+
+    async def _read(self, fn: Callable[[PostgresRepo], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._readers, self._run_read, fn)
+
+    def _run_read(self, fn: Callable[[PostgresRepo], T]) -> T:
+        """`fn` in a read-only snapshot (REPEATABLE READ): what several queries of one read see agrees. A
+        connection the server dropped (a restart, a failover) is opened again once."""
+        for attempt in (1, 2):
+            conn = self._reader()
+            try:
+                return fn(PostgresRepo(conn))
+            except psycopg.OperationalError:
+                if not conn.closed or attempt == 2:
+                    raise
+            finally:
+                if not conn.closed:
+                    conn.rollback()  # (read only: nothing to keep; ends the snapshot)
+        raise AssertionError("unreachable")
+
+    def _reader(self) -> psycopg.Connection[Any]:
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            try:
+                conn = self._local.conn = psycopg.connect(self.dsn, connect_timeout=10)
+            except psycopg.OperationalError as exc:
+                raise ServiceUnavailable(
+                    "the store's server is unreachable; retry later",
+                    headers={"Retry-After": str(RETRY_AFTER_S)},
+                ) from exc
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            conn.read_only = True
+            self._reader_conns.append(conn)
+        return conn
+
+    async def close(self) -> None:
+        self._closing.set()
+        if self._listener is not None:
+            await asyncio.to_thread(self._listener.join)
+            self._listener = None
+        if self._writer is not None:
+            self._queue.put(None)
+            await asyncio.to_thread(self._writer.join)
+            self._writer = None
+        self._readers.shutdown(wait=True)
+        for conn in self._reader_conns:
+            conn.close()
+        self._reader_conns.clear()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _commit_error(exc: BaseException) -> HttpError:
+    if isinstance(exc, HttpError):
+        return exc
+    if isinstance(exc, _Lost | psycopg.OperationalError):
+        return ServiceUnavailable(
+            "the store's server is unreachable; nothing was written, retry later",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    return InternalError("the store could not commit the write")
