@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -35,15 +36,31 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 @app.command()
-def run(config: ConfigOpt = Path("agl-lite.toml")) -> None:
+def run(
+    config: ConfigOpt = Path("agl-lite.toml"),
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Gateway processes on the port (server.workers); more than 1 needs PostgreSQL."
+        ),
+    ] = None,
+) -> None:
     """Serve the gateway until Ctrl-C or SIGTERM.
 
     Example: AGL_KEY=$(openssl rand -hex 32) agl-lite run --config agl-lite.toml
     """
     from agl_lite.service import load_config, serve
+    from agl_lite.workers import WORKER_ENV, die_with_parent, supervise
 
     try:
         cfg = load_config(config)
+        if workers is not None:
+            cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, workers=workers))
+        if cfg.server.workers > 1 and WORKER_ENV not in os.environ:
+            configure_logging(cfg.log.level, cfg.log.format)
+            raise typer.Exit(supervise(config, cfg.server.workers, cfg.server.shutdown_timeout))
+        if WORKER_ENV in os.environ:
+            die_with_parent()
         loop_factory = None
         if cfg.server.event_loop == "uvloop":
             import uvloop

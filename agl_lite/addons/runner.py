@@ -120,6 +120,11 @@ class AgentRunner:
         o = options or AgentRunner.Options()
         where = f"{config.source}: addons.runner"
         _check(o, where)
+        if config.server.workers > 1:
+            raise ConfigError(
+                f"{where}: a runner belongs to one process, not to server.workers = {config.server.workers}: run it "
+                "in a gateway of its own (a chain with the runner, workers = 1) on the same store"
+            )
         admin_key = read_key(o.key_env)
         path = key_file(o.key_env)
         if path is not None:

@@ -66,6 +66,11 @@ class Storage:
             raise ConfigError(f"{config.source}: addons.store: a DSN is given, but backend is `memory`")
         if (path := key_file(DSN_ENV)) is not None:
             self._ctx.private_paths.add(path.resolve())
+        if config.server.workers > 1 and not dsn:
+            raise ConfigError(
+                f"{config.source}: server.workers = {config.server.workers} needs the store on PostgreSQL "
+                "(addons.store.dsn, or AGL_STORE_DSN): SQLite and memory belong to one process"
+            )
         if options.backend == "memory":
             self.store = MemoryStore()
         elif dsn:

@@ -72,6 +72,12 @@ class ServerConfig:
         60.0, "Seconds a request's body may take to arrive once its headers are in; slower bodies get 408."
     )
     shutdown_timeout: float = option(10.0, "Seconds to let in-flight requests finish at shutdown.")
+    workers: int = option(
+        1,
+        "Gateway processes serving this port together (`agl-lite run --workers N` overrides it). More than one "
+        "needs the store on PostgreSQL (`addons.store.dsn`) and no runner in the chain; each binds the port with "
+        "SO_REUSEPORT, and the kernel spreads the connections.",
+    )
     event_loop: Literal["uvloop", "asyncio"] = option(
         "uvloop",
         "`agl-lite run`'s event loop: `uvloop` (libuv; less CPU per request) or the standard `asyncio` loop.",

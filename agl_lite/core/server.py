@@ -126,7 +126,13 @@ class Gateway:
         (`config.public_url` is what agents are told).
         """
         raise_nofile(self.config.upstream.max_connections)
-        sock = _bind(self.config.server.host, self.config.server.port)
+        if self.config.server.workers < 1:
+            raise ConfigError(f"{self.config.source}: server.workers must be >= 1")
+        if self.config.server.workers > 1 and self.config.server.port == 0:
+            raise ConfigError(
+                f"{self.config.source}: several workers need a port of their own (not 0) to share"
+            )
+        sock = _bind(self.config.server.host, self.config.server.port, self.config.server.workers > 1)
         try:
             self.port = sock.getsockname()[1]
             if self.config.server.port == 0:
@@ -570,10 +576,12 @@ class _RelayResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, shared: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared:  # `server.workers`: each worker binds the port, the kernel spreads the connections among them
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:

@@ -18,10 +18,11 @@ import functools
 import re
 from typing import Any
 
+import orjson
 import psycopg
 
 from agl_lite.store.packed_ids import PrefixIndex
-from agl_lite.store.records import Rollout
+from agl_lite.store.records import ModelRecord, Rollout
 from agl_lite.store.sqlite.repo import SQLiteRepo
 
 __all__ = ["PgConnection", "PostgresRepo", "translate"]
@@ -103,6 +104,21 @@ class PostgresRepo(SQLiteRepo):
 
     def _label_args(self, key: str, value: str) -> tuple[str, str]:
         return key, value  # (`->>` takes the key itself)
+
+    def put_model(self, model: ModelRecord) -> None:
+        super().put_model(model)
+        self._notify_model("model", model)
+
+    def delete_model(self, name: str) -> ModelRecord | None:
+        removed = super().delete_model(name)
+        if removed is not None:
+            self._notify_model("unmodel", removed)
+        return removed
+
+    def _notify_model(self, kind: str, model: ModelRecord) -> None:
+        """A registration (or its removal) for the other replicas' routes, the record itself in the payload."""
+        body = orjson.dumps(model.to_json()).decode()
+        self.conn.execute("SELECT pg_notify('agl_store', ?)", (f"{kind} {self.origin} {body}",))
 
     def put_rollout(self, rollout: Rollout, *, new: bool) -> None:
         super().put_rollout(rollout, new=new)

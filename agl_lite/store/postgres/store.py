@@ -29,11 +29,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import orjson
 import psycopg
 import structlog
 from psycopg import errors as pg_errors
 
 from agl_lite.errors import ConfigError, HttpError, InternalError, ServiceUnavailable
+from agl_lite.store import codec
 from agl_lite.store.packed_ids import PrefixIndex
 from agl_lite.store.postgres.repo import PostgresRepo
 from agl_lite.store.postgres.schema import _safe, migrate
@@ -96,6 +98,7 @@ class PostgresStore(Store):
         self._conn: psycopg.Connection[Any] | None = None
         self._listener: threading.Thread | None = None
         self._closing = threading.Event()
+        self._listening = threading.Event()
         self.origin = secrets.token_hex(8)
         """This store's id in its notifications (it has heard of its own writes already)."""
 
@@ -110,6 +113,10 @@ class PostgresStore(Store):
             target=store._listen, args=(loop,), name="agl-pg-listen", daemon=True
         )
         store._listener.start()
+        # Listening before it is used: a store that `open` returned hears every commit made after it.
+        if not await asyncio.to_thread(store._listening.wait, 10.0):
+            await store.close()
+            raise ConfigError(f"cannot listen for the store's notifications on {_safe(dsn)}")
         return store
 
     def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -120,6 +127,7 @@ class PostgresStore(Store):
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
                     conn.execute("LISTEN agl_store")
+                    self._listening.set()
                     while not self._closing.is_set():
                         for note in conn.notifies(timeout=0.5):
                             try:
@@ -148,17 +156,25 @@ class PostgresStore(Store):
         return self._submitted - self.ops
 
     def _heard(self, loop: asyncio.AbstractEventLoop, payload: str) -> None:
-        """A notification, handed to the loop: `enqueued` wakes the runners; `ended ORIGIN STATUS ROLLOUT` (from
-        another replica) does here what ending it here does: the status known, its calls in flight cut, the long
-        polls woken."""
+        """A notification, handed to the loop: `enqueued` wakes the runners; from another replica, `ended ORIGIN
+        STATUS ROLLOUT` does here what ending it here does (the status known, its calls in flight cut, the long
+        polls woken), and `model` / `unmodel ORIGIN JSON` tell this replica's routes of a (de)registration."""
         if payload == "enqueued":
             loop.call_soon_threadsafe(self._notify_enqueued)
             return
         kind, _, rest = payload.partition(" ")
         origin, _, rest = rest.partition(" ")
-        status, _, rollout_id = rest.partition(" ")
-        if kind == "ended" and origin != self.origin and status in _TERMINAL:
-            loop.call_soon_threadsafe(self._ended, rollout_id, RolloutStatus(status))
+        if origin == self.origin:
+            return
+        if kind == "ended":
+            status, _, rollout_id = rest.partition(" ")
+            if status in _TERMINAL:
+                loop.call_soon_threadsafe(self._ended, rollout_id, RolloutStatus(status))
+        elif kind in ("model", "unmodel"):
+            model = codec.model_from_json(orjson.loads(rest))
+            hooks = self._model_listeners if kind == "model" else self._model_removed
+            for hook in hooks:
+                loop.call_soon_threadsafe(hook, model)
 
     # --- writes --------------------------------------------------------------------------------------------------
 

@@ -77,3 +77,23 @@ async def test_a_rollout_ended_through_one_replica_closes_its_agent_key_on_the_o
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_model_registered_through_one_replica_reaches_the_others_routes(postgres_db: str) -> None:
+    """A weight sync registers the new version through one replica; every replica's `route` addon must learn of
+    it (its hook is the store's model listener)."""
+    a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
+    heard: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+    b.on_model_change(lambda m: heard.put_nowait(("set", m.version)))
+    b.on_model_removed(lambda m: heard.put_nowait(("removed", m.version)))
+    a.on_model_change(lambda m: heard.put_nowait(("a heard its own", m.version)))
+    try:
+        await a.put_model("policy", ["http://127.0.0.1:9/v1"], "step-7")
+        got = {await asyncio.wait_for(heard.get(), 10) for _ in range(2)}
+        assert got == {("a heard its own", "step-7"), ("set", "step-7")}  # (a's before put_model returned)
+        await a.remove_model("policy")
+        assert await asyncio.wait_for(heard.get(), 10) == ("removed", "step-7")
+        assert heard.empty()  # a does not hear its own notifications a second time
+    finally:
+        await a.close()
+        await b.close()
