@@ -3,56 +3,65 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
-import orjson
 import pytest
 
+from agl_lite.client import AglLiteClient
 from agl_lite.errors import Forbidden
 from agl_lite.store.postgres import PostgresStore
 from agl_lite.store.records import RolloutStatus
-from agl_lite.store.rules import RolloutFilter, RolloutSpec
+from agl_lite.store.rules import RolloutSpec
+from agl_lite.testing.gateway import write_config
+from bench.harness.gateway_process import gateway_processes, start_gateway
+from tests.conftest import ADMIN_KEY
 
-WORKER = Path(__file__).with_name("replica_worker.py")
+CHAIN = ("store", "auth", "store_api")
+
 ROLLOUTS = 10_000
+LOOPS = 8
 
 
-async def test_three_processes_with_eight_runner_loops_claim_every_rollout_once_and_lose_no_transition(
-    postgres_db: str,
+async def test_three_gateway_processes_with_eight_runner_loops_claim_every_rollout_once_and_lose_no_transition(
+    tmp_path: Path, postgres_db: str
 ) -> None:
-    store = await PostgresStore.open(postgres_db)
-    try:
-        for start in range(0, ROLLOUTS, 1000):
-            await store.enqueue([RolloutSpec(input=i, id=f"r{i:05d}") for i in range(start, start + 1000)])
-        procs = [
-            await asyncio.create_subprocess_exec(
-                sys.executable, str(WORKER), postgres_db, f"gw{k}", str(loops),
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            )
-            for k, loops in enumerate((3, 3, 2))
-        ]  # fmt: skip
-        outputs = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in procs)), 600)
-        assert [p.returncode for p in procs] == [0, 0, 0], [err.decode()[-2000:] for _, err in outputs]
-        claims = [orjson.loads(line) for out, _ in outputs for line in out.splitlines() if line[:1] == b"["]
-        claimed = Counter(rid for _, ids in claims for rid in ids)
-        assert len(claimed) == ROLLOUTS
-        assert max(claimed.values()) == 1  # no rollout handed to two runners
-        assert len({runner for runner, _ in claims}) == 8
-        rows = []
-        after = 0
-        while page := await store.list_rollouts(RolloutFilter(after=after, limit=1000)):
-            rows += page
-            after = page[-1].enqueue_seq
-        assert Counter(r.status for r in rows) == {RolloutStatus.SUCCEEDED: ROLLOUTS}  # no transition lost
-        # The completion cursor: one position per rollout, none skipped.
-        assert sorted(r.completion_seq for r in rows) == list(range(1, ROLLOUTS + 1))
-        owners = {rid: runner for runner, ids in claims for rid in ids}
-        assert all(r.runner_id == owners[r.id] for r in rows)
-    finally:
-        await store.close()
+    """#21's acceptance: 3 gateway processes on one database, 8 runner loops claiming through them in turn (16 at a
+    time) and finishing each rollout they got, until none is queued."""
+    config = write_config(
+        tmp_path, {}, chain=CHAIN, addons={"store": {"dsn": postgres_db}}, extra={"log": {"format": "json"}}
+    )
+    async with gateway_processes() as started:
+        for _ in range(3):
+            started.append(await start_gateway(Path(config.source), env={"AGL_KEY": ADMIN_KEY}))
+        clients = [AglLiteClient(gw.url, ADMIN_KEY) for gw in started]
+        try:
+            for start in range(0, ROLLOUTS, 1000):
+                specs = [RolloutSpec(input=i, id=f"r{i:05d}") for i in range(start, start + 1000)]
+                await clients[start // 1000 % 3].enqueue(specs)
+            claims: list[tuple[str, list[str]]] = []
+
+            async def loop(k: int) -> None:
+                client, runner = clients[k % 3], f"runner-{k}"
+                while claimed := await client.claim(runner, 16):  # (nothing is enqueued meanwhile)
+                    claims.append((runner, [r.id for r in claimed]))
+                    for rollout in claimed:
+                        await client.finish(rollout.id, RolloutStatus.SUCCEEDED)
+
+            await asyncio.wait_for(asyncio.gather(*(loop(k) for k in range(LOOPS))), 600)
+            claimed = Counter(rid for _, ids in claims for rid in ids)
+            assert len(claimed) == ROLLOUTS
+            assert max(claimed.values()) == 1  # no rollout handed to two runners
+            assert len({runner for runner, _ in claims}) == LOOPS
+            rows = [r async for r in clients[1].iter_rollouts(page_size=1000)]
+        finally:
+            for client in clients:
+                await client.close()
+    assert Counter(r.status for r in rows) == {RolloutStatus.SUCCEEDED: ROLLOUTS}  # no transition lost
+    # The completion cursor: one position per rollout, none skipped.
+    assert sorted(r.completion_seq for r in rows) == list(range(1, ROLLOUTS + 1))
+    owners = {rid: runner for runner, ids in claims for rid in ids}
+    assert all(r.runner_id == owners[r.id] for r in rows)
 
 
 async def test_a_rollout_ended_through_one_replica_closes_its_agent_key_on_the_other(
