@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -26,12 +27,18 @@ from agl_lite.core.flow import Flow
 from agl_lite.core.prom import gauges
 from agl_lite.core.routes import RouteKind, Scope
 from agl_lite.core.services import METRICS_REGISTRY, LoadContext, Services
+from agl_lite.core.tasks import TaskSet
 from agl_lite.errors import ConfigError, ServiceUnavailable, TooManyRequests
+from agl_lite.store.rules import STORE, Store
 
 __all__ = ["MAX_HOLD_S", "Control", "PauseIn", "PauseMode"]
 
 MAX_HOLD_S = 3600
 """Longest hold a pause may ask for, in seconds (the bound the OpenAPI document states for `hold_timeout_s`)."""
+
+
+DRAIN_POLL_S = 0.1
+"""How often a drain under a shared pause reads the other gateways' answers."""
 
 
 class PauseMode(StrEnum):
@@ -89,6 +96,14 @@ class Control:
         self._tick: asyncio.Event | None = None
         self._services: Services | None = None
         self._busy_counter: Counter | None = None
+        self._store: Store | None = None
+        """The store, when the chain has one: a pause is shared with every gateway on it (docs/store.md)."""
+        self.pause_id: str | None = None
+        """The pause in force, as the gateways on the store know it."""
+        self.others_drained = False
+        """Under a shared pause: every other live gateway on the store said it holds it with nothing in flight."""
+        self._reporting = False
+        self._tasks: TaskSet | None = None
 
     @property
     def in_flight(self) -> int:
@@ -105,6 +120,7 @@ class Control:
             "refused_busy": self.refused_busy,
             "held": self.held,
             "paused_since": self.paused_since,
+            "others_drained": self.others_drained if self.pause_id is not None else None,
         }
 
     async def wait_until(self, predicate: Callable[[Control], bool], timeout: float) -> None:
@@ -119,6 +135,7 @@ class Control:
 
     def load(self, ctx: LoadContext) -> None:
         self._services = ctx.services
+        self._tasks = ctx.tasks
 
     def configure(self, config: GatewayConfig, options: Control.Options | None) -> None:
         if options is not None:  # None when added as an instance (tests): keep the constructor's
@@ -131,6 +148,7 @@ class Control:
             )
         # Looked up here, not in load: the metrics addon may come later in the chain.
         registry = self._services.get(METRICS_REGISTRY) if self._services is not None else None
+        self._store = self._services.get(STORE) if self._services is not None else None
         if registry is not None:
             gauges(
                 registry,
@@ -149,6 +167,14 @@ class Control:
                 "LLM calls refused with 503 because max_in_flight calls were in flight.",
                 registry=registry,
             )
+
+    async def running(self) -> None:
+        """Join the pause in force on the store's gateways (one starting during a weight sync starts paused), and
+        follow the pauses the others share from now on."""
+        if self._store is None:
+            return
+        self._store.on_pause(self._apply)
+        self._apply(await self._store.shared_pause())
 
     async def request(self, flow: Flow) -> None:
         if flow.route.kind is RouteKind.LLM:
@@ -175,21 +201,18 @@ class Control:
         mode, timeout = call.body.mode, call.body.hold_timeout_s
         if timeout is None:
             timeout = self.options.hold_timeout_s
-        if not self.paused:
-            self.paused, self.paused_since = True, time.time()
-        elif mode is not self.mode:
-            self._wake_held()  # held calls re-check: switching to reject answers them 429 now
-        self.mode, self.hold_timeout_s = mode, float(timeout)
-        self._changed()
+        pause = {"pause_id": uuid.uuid4().hex, "mode": mode.value, "hold_timeout_s": float(timeout)}
+        self._apply(pause)
+        if self._store is not None:
+            await self._store.share_pause(pause)
         return self.state()
 
     @table.endpoint("POST", "/api/gateway/resume", Scope.ADMIN)
     async def gateway_resume(self, call: Call) -> Any:
         """Resume LLM calls."""
-        if self.paused:
-            self.paused, self.mode, self.hold_timeout_s, self.paused_since = False, None, None, None
-            self._wake_held()
-            self._changed()
+        self._apply(None)
+        if self._store is not None:
+            await self._store.share_pause(None)
         return self.state()
 
     @table.endpoint(
@@ -202,9 +225,24 @@ class Control:
         """Pause state and in-flight LLM calls; `?wait_drained=S` waits up to S s for none in flight."""
         wait = call.query["wait_drained"]
         if wait is not None:
+            deadline = asyncio.get_running_loop().time() + min(wait, self.options.max_wait_s)
             with contextlib.suppress(TimeoutError):
-                await self.wait_until(lambda c: c.in_flight == 0, min(wait, self.options.max_wait_s))
+                await self.wait_until(
+                    lambda c: c.in_flight == 0, deadline - asyncio.get_running_loop().time()
+                )
+                async with asyncio.timeout_at(deadline):
+                    await self._others_drained()
         return self.state()
+
+    async def _others_drained(self) -> None:
+        """Under a shared pause, until every other live gateway on the store holds it with nothing in flight."""
+        while self._store is not None and self.pause_id is not None and self.in_flight == 0:
+            if await self._store.others_drained(self.pause_id):
+                self.others_drained = True
+                return
+            await asyncio.sleep(
+                DRAIN_POLL_S
+            )  # (the others' answers are rows in the store: read again, bounded)
 
     routes = table.routes
 
@@ -259,11 +297,53 @@ class Control:
                 flow.metadata["control.held_s"] = loop.time() - t0
                 self._changed()
 
+    def _apply(self, pause: dict[str, Any] | None) -> None:
+        """A pause (or resume: None), made here or heard from another gateway on the store."""
+        if pause is None:
+            if self.paused:
+                self.paused, self.mode, self.hold_timeout_s, self.paused_since = False, None, None, None
+                self.pause_id = None
+                self._wake_held()
+                self._changed()
+            return
+        mode = PauseMode(pause["mode"])
+        if not self.paused:
+            self.paused, self.paused_since = True, time.time()
+        elif mode is not self.mode:
+            self._wake_held()  # held calls re-check: switching to reject answers them 429 now
+        self.mode, self.hold_timeout_s, self.pause_id = (
+            mode,
+            float(pause["hold_timeout_s"]),
+            pause["pause_id"],
+        )
+        self.others_drained = False
+        self._changed()
+
+    def _report_soon(self) -> None:
+        """Under a shared pause, tell the store how many calls are still in flight here (at most one write in
+        flight: the next takes the count of its own moment)."""
+        if self._reporting or self._store is None or self.pause_id is None or self._tasks is None:
+            return
+        self._reporting = True
+        self._tasks.spawn(self._report(self._store), name="control.report_drain")
+
+    async def _report(self, store: Store) -> None:
+        try:
+            while (pause_id := self.pause_id) is not None:
+                reported = self.in_flight
+                await store.report_drain(pause_id, reported)
+                if (self.pause_id, self.in_flight) == (pause_id, reported):
+                    return
+        finally:
+            self._reporting = False
+
     def _wake_held(self) -> None:
         resumed, self._resumed = self._resumed, asyncio.Event()
         resumed.set()
 
     def _changed(self) -> None:
+        if self.paused and self._store is not None:
+            self._report_soon()
         # Only allocates when someone waits, so the LLM hot path pays nothing for `wait_until`.
         tick, self._tick = self._tick, None
         if tick is not None:

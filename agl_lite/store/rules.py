@@ -341,6 +341,27 @@ class Store:
         nobody awaits the future any more), and returns its future; None: the backend uses `_write` only."""
         return None
 
+    # --- the gateways sharing this store -------------------------------------------------------------------------
+    # One process owns a SQLite or memory store: these say so and cost nothing. A store that several gateways share
+    # (PostgreSQL) carries a pause to all of them, and tells each how far the others drained.
+
+    async def share_pause(self, pause: dict[str, Any] | None) -> None:
+        """Make `pause` (None: resumed) that of every gateway on this store (`on_pause` tells the others)."""
+
+    async def shared_pause(self) -> dict[str, Any] | None:
+        """The pause in force on this store's gateways: one that starts during a pause starts paused."""
+        return None
+
+    def on_pause(self, listener: Callable[[dict[str, Any] | None], None]) -> None:
+        """Call `listener` with each pause (None: resume) that another gateway on this store shared."""
+
+    async def report_drain(self, pause_id: str, in_flight: int) -> None:
+        """This gateway holds the pause `pause_id` with `in_flight` LLM calls still in flight."""
+
+    async def others_drained(self, pause_id: str) -> bool:
+        """Whether every other live gateway on this store holds the pause `pause_id` with no LLM call in flight."""
+        return True
+
     def on_rollout_ended(self, listener: Callable[[str], None]) -> None:
         """Call `listener(rollout_id)` once a rollout turned terminal through this store (the gateway then cuts
         the calls it still has in flight)."""

@@ -437,3 +437,40 @@ async def test_pause_needs_the_admin_key(setup: Setup) -> None:
     async with setup.http.post("/api/gateway/pause", json={}, headers=agent) as r:
         assert r.status == 403
     assert (await setup.state())["paused"] is False
+
+
+async def test_a_pause_through_one_gateway_pauses_every_gateway_on_the_store_and_its_drain_waits_for_them(
+    gateway_factory: GatewayFactory, postgres_db: str
+) -> None:
+    """A weight sync asks one replica behind a Service: every replica must hold new calls, and the drain must wait
+    for the calls in flight on all of them, not on the one that answered (#21)."""
+    mock = MockVLLM(("smollm2",))
+    mock.enqueue(Scenario(stall_after=1))
+    control_a, control_b = Control(), Control()
+    chain = ("store", "auth", "store_api", "route")
+    store = {"store": {"dsn": postgres_db}}
+    async with (
+        running_mock(mock) as url,
+        gateway_factory({"smollm2": [url]}, chain=chain, addons=store, extra_addons=[control_a]) as gw_a,
+        gateway_factory({"smollm2": [url]}, chain=chain, addons=store, extra_addons=[control_b]) as gw_b,
+        openai.AsyncOpenAI(base_url=gateway_url(gw_b) + "/v1", api_key=ADMIN_KEY, max_retries=0) as sdk_b,
+        aiohttp.ClientSession(gateway_url(gw_a), headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as admin_a,
+    ):
+        stream = await sdk_b.chat.completions.create(model="smollm2", messages=MESSAGES, stream=True)
+        await mock.wait_until(lambda m: m.stalled_streams == 1)  # in flight on b
+        async with admin_a.post("/api/gateway/pause", json={"mode": "hold"}) as r:
+            assert r.status == 200
+        await control_b.wait_until(lambda c: c.paused, timeout=10)
+        assert control_b.pause_id == control_a.pause_id
+        async with admin_a.get("/api/gateway/state?wait_drained=0.5") as r:
+            state = await r.json()
+        assert (state["in_flight"], state["others_drained"]) == (0, False)  # b still has its call
+        held = asyncio.ensure_future(sdk_b.chat.completions.create(model="smollm2", messages=MESSAGES))
+        await control_b.wait_until(lambda c: c.held == 1, timeout=10)  # a new call on b is held
+        await stream.close()
+        async with admin_a.get("/api/gateway/state?wait_drained=10") as r:
+            assert (await r.json())["others_drained"] is True
+        async with admin_a.post("/api/gateway/resume") as r:
+            assert r.status == 200
+        await control_b.wait_until(lambda c: not c.paused, timeout=10)
+        assert (await asyncio.wait_for(held, 10)).choices  # released by the resume made on a

@@ -52,6 +52,10 @@ def translate(sql: str) -> bytes:
     return out.encode()
 
 
+_NOW = "EXTRACT(EPOCH FROM clock_timestamp())"
+"""The server's clock: the gateways' own may disagree."""
+
+
 class _Cursor:
     """A psycopg cursor with the `lastrowid` of SQLite's (the call insert's `RETURNING seq`)."""
 
@@ -119,6 +123,50 @@ class PostgresRepo(SQLiteRepo):
         """A registration (or its removal) for the other replicas' routes, the record itself in the payload."""
         body = orjson.dumps(model.to_json()).decode()
         self.conn.execute("SELECT pg_notify('agl_store', ?)", (f"{kind} {self.origin} {body}",))
+
+    # --- the gateways sharing the store (schema v2) -------------------------------------------------------------
+
+    def put_pause(self, pause: dict[str, Any] | None) -> None:
+        body = orjson.dumps(pause)
+        self.conn.execute(
+            "INSERT INTO gateway_pause (id, body) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET body = EXCLUDED.body",
+            (body,),
+        )
+        self.conn.execute("SELECT pg_notify('agl_store', ?)", (f"pause {self.origin} {body.decode()}",))
+
+    def get_pause(self) -> dict[str, Any] | None:
+        row = self.conn.execute("SELECT body FROM gateway_pause WHERE id = 1").fetchone()
+        return orjson.loads(row[0]) if row else None
+
+    def put_replica(self, pause_id: str | None, in_flight: int) -> None:
+        """This gateway heard of now; with `pause_id`, its answer to that pause too."""
+        if pause_id is None:
+            self.conn.execute(
+                "INSERT INTO gateway_replicas (origin, in_flight, seen_at) VALUES (?, 0, " + _NOW + ")"
+                " ON CONFLICT (origin) DO UPDATE SET seen_at = EXCLUDED.seen_at",
+                (self.origin,),
+            )
+            return
+        self.conn.execute(
+            "INSERT INTO gateway_replicas (origin, pause_id, in_flight, seen_at) VALUES (?, ?, ?, "
+            + _NOW
+            + ")"
+            " ON CONFLICT (origin) DO UPDATE SET pause_id = EXCLUDED.pause_id, in_flight = EXCLUDED.in_flight,"
+            " seen_at = EXCLUDED.seen_at",
+            (self.origin, pause_id, in_flight),
+        )
+
+    def undrained(self, pause_id: str, live_s: float) -> int:
+        """Other gateways heard of within `live_s` that do not hold `pause_id` drained."""
+        row = self.conn.execute(
+            "SELECT COUNT(*) FROM gateway_replicas WHERE origin <> ? AND seen_at > " + _NOW + " - ?"
+            " AND (pause_id IS DISTINCT FROM ? OR in_flight > 0)",
+            (self.origin, live_s, pause_id),
+        ).fetchone()
+        return int(row[0])
+
+    def drop_replica(self) -> None:
+        self.conn.execute("DELETE FROM gateway_replicas WHERE origin = ?", (self.origin,))
 
     def put_rollout(self, rollout: Rollout, *, new: bool) -> None:
         super().put_rollout(rollout, new=new)

@@ -56,6 +56,14 @@ MIGRATIONS: list[str] = [
     );
     CREATE TABLE models (name TEXT PRIMARY KEY, body BYTEA NOT NULL);
     """,
+    # v2: the gateways sharing the store: the pause in force (one row), and each live gateway's answer to it
+    # (the pause it holds, its LLM calls still in flight) with the time it was last heard of, by the server's clock.
+    """
+    CREATE TABLE gateway_pause (id INTEGER PRIMARY KEY CHECK (id = 1), body BYTEA);
+    CREATE TABLE gateway_replicas (
+        origin TEXT PRIMARY KEY, pause_id TEXT, in_flight INTEGER NOT NULL, seen_at DOUBLE PRECISION NOT NULL
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -18,6 +18,7 @@ otherwise is rolled back and its operations are run one transaction each, so tha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import queue
@@ -51,6 +52,10 @@ T = TypeVar("T")
 
 _Item = tuple[Callable[[PostgresRepo], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
 
+HEARTBEAT_S = 5.0
+"""How often a store says its gateway is alive (`gateway_replicas`), paused or not."""
+LIVE_S = 3 * HEARTBEAT_S
+"""A gateway not heard of for this long is gone: the others' drains stop waiting for it."""
 RETRIES = 20
 """Runs of a transaction that the server aborted for a conflict with another's, before its writes fail (503)."""
 RETRY_AFTER_S = 1
@@ -99,6 +104,7 @@ class PostgresStore(Store):
         self._listener: threading.Thread | None = None
         self._closing = threading.Event()
         self._listening = threading.Event()
+        self._pause_listeners: list[Callable[[dict[str, Any] | None], None]] = []
         self.origin = secrets.token_hex(8)
         """This store's id in its notifications (it has heard of its own writes already)."""
 
@@ -127,8 +133,14 @@ class PostgresStore(Store):
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
                     conn.execute("LISTEN agl_store")
+                    beat = PostgresRepo(conn, origin=self.origin)
+                    beat.put_replica(None, 0)
+                    last_beat = time.monotonic()
                     self._listening.set()
                     while not self._closing.is_set():
+                        if time.monotonic() - last_beat >= HEARTBEAT_S:  # (the others' drains count this one)
+                            beat.put_replica(None, 0)
+                            last_beat = time.monotonic()
                         for note in conn.notifies(timeout=0.5):
                             try:
                                 self._heard(loop, note.payload)
@@ -170,11 +182,32 @@ class PostgresStore(Store):
             status, _, rollout_id = rest.partition(" ")
             if status in _TERMINAL:
                 loop.call_soon_threadsafe(self._ended, rollout_id, RolloutStatus(status))
+        elif kind == "pause":
+            pause = orjson.loads(rest)
+            for listener in self._pause_listeners:
+                loop.call_soon_threadsafe(listener, pause)
         elif kind in ("model", "unmodel"):
             model = codec.model_from_json(orjson.loads(rest))
             hooks = self._model_listeners if kind == "model" else self._model_removed
             for hook in hooks:
                 loop.call_soon_threadsafe(hook, model)
+
+    # --- the gateways sharing this store ---------------------------------------------------------------------------
+
+    async def share_pause(self, pause: dict[str, Any] | None) -> None:
+        await self._write(lambda repo: repo.put_pause(pause))
+
+    async def shared_pause(self) -> dict[str, Any] | None:
+        return await self._read(lambda repo: repo.get_pause())
+
+    def on_pause(self, listener: Callable[[dict[str, Any] | None], None]) -> None:
+        self._pause_listeners.append(listener)
+
+    async def report_drain(self, pause_id: str, in_flight: int) -> None:
+        await self._write(lambda repo: repo.put_replica(pause_id, in_flight))
+
+    async def others_drained(self, pause_id: str) -> bool:
+        return await self._read(lambda repo: repo.undrained(pause_id, LIVE_S)) == 0
 
     # --- writes --------------------------------------------------------------------------------------------------
 
@@ -274,7 +307,7 @@ class PostgresStore(Store):
             raise
 
     def _run_in_transaction(self, conn: psycopg.Connection[Any], batch: list[_Item]) -> list[tuple[Any, ...]]:
-        repo = PostgresRepo(conn, self._index, self.origin)
+        repo = PostgresRepo(conn, self._index, self.origin)  # (the writer's)
         results: list[tuple[Any, ...]] = []
         added: list[Any] = []
         try:
@@ -318,7 +351,7 @@ class PostgresStore(Store):
         for attempt in (1, 2):
             conn = self._reader()
             try:
-                return fn(PostgresRepo(conn))
+                return fn(PostgresRepo(conn, origin=self.origin))
             except psycopg.OperationalError:
                 if not conn.closed or attempt == 2:
                     raise
@@ -343,6 +376,9 @@ class PostgresStore(Store):
         return conn
 
     async def close(self) -> None:
+        if self._writer is not None:  # gone: the others' drains need not wait for it to be forgotten
+            with contextlib.suppress(HttpError):
+                await self._write(lambda repo: repo.drop_replica())
         self._closing.set()
         if self._listener is not None:
             await asyncio.to_thread(self._listener.join)

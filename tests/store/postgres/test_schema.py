@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 import psycopg
 import pytest
 
 from agl_lite.errors import ConfigError
 from agl_lite.store.postgres import SCHEMA_VERSION, PostgresStore
+from agl_lite.store.records import Rollout
 from agl_lite.store.rules import RolloutSpec
 
 
@@ -35,3 +37,29 @@ async def test_a_newer_database_is_refused_and_a_password_never_shown(postgres_d
     with pytest.raises(ConfigError, match="cannot open the store") as info:
         await PostgresStore.open(wrong)
     assert "s3cret-pw" not in str(info.value)
+
+
+async def test_a_v1_database_is_migrated_with_its_rollouts(
+    postgres_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """v2 adds the gateways' shared pause and their answers to it; a v1 database keeps what it held."""
+    from agl_lite.store.postgres import schema
+
+    with monkeypatch.context() as m:
+        m.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:1])
+        m.setattr(schema, "SCHEMA_VERSION", 1)
+        with psycopg.connect(postgres_db, autocommit=True) as conn:
+            assert schema.migrate(conn, postgres_db) == 0
+            conn.execute(
+                "INSERT INTO rollouts (id, enqueue_seq, status, mode, body) VALUES ('r', 1, 'queuing', 'train', %s)",
+                (orjson.dumps(Rollout(id="r", input=1, enqueue_seq=1).to_json()),),
+            )
+    store = await PostgresStore.open(postgres_db)
+    try:
+        assert [r.id for r in await store.list_rollouts()] == ["r"]
+        await store.share_pause({"pause_id": "p", "mode": "hold", "hold_timeout_s": 1.0})
+        assert await store.shared_pause() == {"pause_id": "p", "mode": "hold", "hold_timeout_s": 1.0}
+    finally:
+        await store.close()
+    with psycopg.connect(postgres_db) as conn:
+        assert conn.execute("SELECT version FROM agl_schema").fetchall() == [(SCHEMA_VERSION,)] == [(2,)]
