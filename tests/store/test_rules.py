@@ -497,6 +497,10 @@ async def test_a_rollouts_token_total_is_read_once_however_many_ask_and_then_kep
 ) -> None:
     # Issue #15: the tokens addon read a rollout's whole call history on first sight, once per concurrent call
     # (p99 of 3-5 s at c=32). Now one read, shared, and never again for that rollout.
+    if type(store).__name__ == "PostgresStore":
+        pytest.skip(
+            "shared by replicas, PostgreSQL keeps each total in a row and reads it every time (one row)"
+        )
     await running_rollout(store)
     for i in range(50):
         await store.add_call(call("r1", i, [1, 2, 3], [[4, 5]]))

@@ -22,7 +22,7 @@ import orjson
 import psycopg
 
 from agl_lite.store.packed_ids import PrefixIndex
-from agl_lite.store.records import ModelRecord, Rollout
+from agl_lite.store.records import Event, LLMCall, ModelRecord, Rollout
 from agl_lite.store.sqlite.repo import SQLiteRepo
 
 __all__ = ["PgConnection", "PostgresRepo", "translate"]
@@ -123,6 +123,39 @@ class PostgresRepo(SQLiteRepo):
         """A registration (or its removal) for the other replicas' routes, the record itself in the payload."""
         body = orjson.dumps(model.to_json()).decode()
         self.conn.execute("SELECT pg_notify('agl_store', ?)", (f"{kind} {self.origin} {body}",))
+
+    # --- each rollout's totals (schema v3) ----------------------------------------------------------------------
+
+    def add_call(self, call: LLMCall, event: Event | None = None) -> int:
+        written = super().add_call(call, event)
+        if call.rollout_id is not None:
+            self._add_totals(call.rollout_id, sum(call.tokens()), written)
+        return written
+
+    def add_event(self, event: Event) -> int:
+        written = super().add_event(event)
+        self._add_totals(event.rollout_id, 0, written)
+        return written
+
+    def _add_totals(self, rollout_id: str, tokens: int, written: int) -> None:
+        self.conn.execute(
+            "INSERT INTO rollout_totals (rollout_id, tokens, bytes) VALUES (?, ?, ?) ON CONFLICT (rollout_id)"
+            " DO UPDATE SET tokens = rollout_totals.tokens + EXCLUDED.tokens,"
+            " bytes = rollout_totals.bytes + EXCLUDED.bytes",
+            (rollout_id, tokens, written),
+        )
+
+    def rollout_tokens(self, rollout_id: str) -> int:
+        return self._total("tokens", rollout_id)
+
+    def rollout_bytes(self, rollout_id: str) -> int:
+        return self._total("bytes", rollout_id)
+
+    def _total(self, column: str, rollout_id: str) -> int:
+        row = self.conn.execute(
+            f"SELECT {column} FROM rollout_totals WHERE rollout_id = ?", (rollout_id,)
+        ).fetchone()
+        return int(row[0]) if row else 0
 
     # --- the gateways sharing the store (schema v2) -------------------------------------------------------------
 

@@ -64,6 +64,21 @@ MIGRATIONS: list[str] = [
         origin TEXT PRIMARY KEY, pause_id TEXT, in_flight INTEGER NOT NULL, seen_at DOUBLE PRECISION NOT NULL
     );
     """,
+    # v3: each rollout's totals (tokens of its calls, bytes of its events and calls), kept by the writes that add
+    # to them: the token budget and the storage quota, checked on every call whichever replica takes it, read as
+    # one row (a replica's own count would miss the others' calls). Filled from what the database holds.
+    """
+    CREATE TABLE rollout_totals (
+        rollout_id TEXT PRIMARY KEY, tokens BIGINT NOT NULL DEFAULT 0, bytes BIGINT NOT NULL DEFAULT 0
+    );
+    INSERT INTO rollout_totals (rollout_id, tokens, bytes)
+        SELECT rollout_id, SUM(tokens), SUM(bytes) FROM (
+            SELECT rollout_id, tokens, length(body) + COALESCE(length(prompt_tail), 0) + length(choice_meta)
+                + length(choice_ids) + COALESCE(length(logprobs), 0) + COALESCE(length(event), 0) AS bytes
+            FROM calls WHERE rollout_id IS NOT NULL
+            UNION ALL SELECT rollout_id, 0, length(body) FROM events
+        ) AS added GROUP BY rollout_id;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -192,6 +192,15 @@ class PostgresStore(Store):
             for hook in hooks:
                 loop.call_soon_threadsafe(hook, model)
 
+    # --- each rollout's totals ---------------------------------------------------------------------------------
+
+    async def tokens_used(self, rollout_id: str) -> int:
+        """Read each time (one row): other replicas add to it too, so no count of this process's is the total."""
+        return await self._read(lambda repo: repo.rollout_tokens(rollout_id))
+
+    async def rollout_bytes(self, rollout_id: str) -> int:
+        return await self._read(lambda repo: repo.rollout_bytes(rollout_id))
+
     # --- the gateways sharing this store ---------------------------------------------------------------------------
 
     async def share_pause(self, pause: dict[str, Any] | None) -> None:

@@ -6,16 +6,18 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from agl_lite.client import AglLiteClient
 from agl_lite.errors import Forbidden
 from agl_lite.store.postgres import PostgresStore
 from agl_lite.store.records import RolloutStatus
-from agl_lite.store.rules import RolloutSpec
+from agl_lite.store.rules import EventSpec, RolloutSpec
 from agl_lite.testing.gateway import write_config
 from bench.harness.gateway_process import gateway_processes, start_gateway
 from tests.conftest import ADMIN_KEY
+from tests.store.test_rules import call
 
 CHAIN = ("store", "auth", "store_api")
 
@@ -103,6 +105,35 @@ async def test_a_model_registered_through_one_replica_reaches_the_others_routes(
         await a.remove_model("policy")
         assert await asyncio.wait_for(heard.get(), 10) == ("removed", "step-7")
         assert heard.empty()  # a does not hear its own notifications a second time
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_rollouts_token_and_byte_totals_count_every_replicas_writes(postgres_db: str) -> None:
+    """The token budget and the storage quota are checked against totals that every replica adds to: a replica's
+    own count would let N replicas spend N budgets."""
+    a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
+    try:
+        await a.enqueue([RolloutSpec(input=1, id="r")])
+        await a.claim("runner", 1)
+        assert await b.tokens_used("r") == 0  # (read before the others' writes: nothing kept from it)
+        for i, store in enumerate((a, b, a, b)):
+            await store.add_call(call("r", i, [1, 2, 3], [[4, 5]]))
+        await b.add_events("r", [EventSpec("note", "x" * 100)])
+        assert await a.tokens_used("r") == await b.tokens_used("r") == 4 * 5
+        assert await a.rollout_bytes("r") == await b.rollout_bytes("r") > 4 * 100
+        with psycopg.connect(
+            postgres_db
+        ) as conn:  # the migration's sum agrees with the writes' running totals
+            summed = conn.execute(
+                "SELECT SUM(length(body) + COALESCE(length(prompt_tail), 0) + length(choice_meta)"
+                " + length(choice_ids) + COALESCE(length(logprobs), 0) + COALESCE(length(event), 0)) FROM calls"
+            ).fetchone()
+            events = conn.execute("SELECT SUM(length(body)) FROM events").fetchone()
+        assert summed is not None
+        assert events is not None
+        assert await a.rollout_bytes("r") == summed[0] + events[0]
     finally:
         await a.close()
         await b.close()
