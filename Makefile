@@ -9,7 +9,7 @@ VERL_STAMP := $(VENV)/.installed-verl
 DEMO_STAMP := $(VENV)/.installed-demo
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: help venv verl lint typecheck test test-fast run demo demo-math demo-vllm-cpu bench-gateway bench-store bench-stream bench-dashboard soak docs clean
+.PHONY: help venv verl lint typecheck test test-fast run demo demo-math demo-vllm-cpu bench-gateway bench-store bench-replicas bench-stream bench-dashboard soak docs clean
 
 help:
 	@echo "make demo           GRPO trains a small policy through the whole loop on CPU, ~5 min (creates $(VENV))"
@@ -22,6 +22,7 @@ help:
 	@echo "make bench-dashboard the dashboard's first render on a 1M-call store (bench/dashboard.py)"
 	@echo "make bench-gateway  side-by-side gateway benchmark (needs 'hey': apt-get install hey)"
 	@echo "make bench-store    store figures on SQLite and memory, side by side, and the gateway with full capture"
+	@echo "make bench-replicas 1 vs 2 gateway processes, SQLite and PostgreSQL; claim/cursor at 1k vs 1M calls"
 	@echo "make bench-stream   per-chunk relay delay and memory per idle stream, with full capture"
 	@echo "make soak           the long reliability runs: faults under load (bench/soak.py), SIGKILLs (bench/crash.py)"
 	@echo "make docs           regenerate the generated parts of docs/"
@@ -142,6 +143,10 @@ demo-vllm-cpu: $(DEMO_STAMP)
 bench-gateway: $(STAMP)
 	@command -v hey >/dev/null || { echo "bench-gateway needs 'hey' (apt-get install hey)"; exit 2; }
 	$(BIN)/python bench/gateway.py --markdown
+
+bench-replicas: $(STAMP) postgresql
+	@command -v hey >/dev/null || { echo "bench-replicas needs 'hey' (apt-get install hey)"; exit 2; }
+	$(BIN)/python bench/replicas.py --flat --markdown
 
 bench-store: $(STAMP)
 	@command -v hey >/dev/null || { echo "bench-store needs 'hey' (apt-get install hey)"; exit 2; }

@@ -14,7 +14,7 @@ import structlog
 from agl_lite.core.server import Gateway
 from agl_lite.service import running_gateway
 from agl_lite.testing.gateway import write_config
-from tests.postgres import PG_BIN, postgres_server
+from bench.harness.postgres import PG_BIN, postgres_server
 
 ADMIN_KEY = "test-admin-key-0123456789"
 

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import orjson
 import structlog
@@ -71,17 +71,17 @@ class EventSpec:
 
 
 @dataclass(slots=True, frozen=True)
-class Serial:
+class Serial(Generic[R]):
     """An operation that gateways sharing one store must run one at a time, under the lock `key`: those that read a
     counter of all rollouts and write the next value (enqueue positions, the completion cursor) or take the head
     of the queue (claims). A backend with one writer runs every operation one at a time already and calls it as
     it is; one shared by several processes (PostgreSQL) takes the lock before the transaction begins, so that
     replicas queue for it rather than conflict and run again."""
 
-    fn: Callable[[Repo], Any]
+    fn: Callable[[Repo], R]
     key: str = "rollouts"
 
-    def __call__(self, repo: Repo) -> Any:
+    def __call__(self, repo: Repo) -> R:
         return self.fn(repo)
 
 
@@ -591,7 +591,9 @@ class Store:
                 repo.put_rollout(rollout, new=False)
             return out, written
 
-        events, _ = await self._then_note(op, lambda result: self._stored(rollout_id, result[1]))
+        # One rollout's events at a time across gateways: each reads the last number and writes the next.
+        serial = Serial(op, f"rollout/{rollout_id}")
+        events, _ = await self._then_note(serial, lambda result: self._stored(rollout_id, result[1]))
         return events
 
     async def check_quota(self, rollout_id: str) -> None:

@@ -12,21 +12,27 @@ import pytest
 from agl_lite.errors import BadRequest
 from agl_lite.store.postgres import PostgresStore
 from agl_lite.store.rules import EventSpec, RolloutSpec
+from tests.store.test_rules import call
 
 
-async def test_two_replicas_adding_events_to_one_rollout_conflict_and_both_commit(postgres_db: str) -> None:
-    """Each reads the rollout's last event number and writes the next: at SERIALIZABLE, a pair that ran side by
-    side conflicts, and the loser runs again on fresh data. Every event lands, numbered without a gap."""
+async def test_two_replicas_writing_one_rollout_side_by_side_both_commit_every_write(postgres_db: str) -> None:
+    """Events: each reads the rollout's last event number and writes the next, so they queue for the rollout's lock
+    across replicas (`Serial`) and never conflict. Calls: each adds to the rollout's totals row; two that ran side
+    by side conflict at SERIALIZABLE, and the loser runs again on fresh data. Every write lands, exactly once."""
     a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
     try:
         await a.enqueue([RolloutSpec(input=1, id="r")])
         await a.claim("runner", 1)
-        writes = [(a, b)[i % 2].add_events("r", [EventSpec("note", i)]) for i in range(200)]
-        await asyncio.gather(*writes)
+        await asyncio.gather(*[(a, b)[i % 2].add_events("r", [EventSpec("note", i)]) for i in range(200)])
         events = await a.events("r", limit=1000)
         assert sorted(e.data for e in events) == list(range(200))
         assert [e.seq for e in events] == list(range(1, 201))
-        assert a.conflicts + b.conflicts > 0  # (they did run side by side)
+        assert a.conflicts + b.conflicts == 0
+        calls = [call("r", i, [1, 2, 3], [[4, 5]]) for i in range(100)]
+        await asyncio.gather(*[(a, b)[i % 2].add_call(c) for i, c in enumerate(calls)])
+        assert await a.tokens_used("r") == 100 * 5
+        assert len(await b.calls("r", limit=1000)) == 100
+        assert a.conflicts + b.conflicts > 0  # (they did run side by side, and ran again)
     finally:
         await a.close()
         await b.close()

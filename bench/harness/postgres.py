@@ -1,4 +1,5 @@
-"""A real PostgreSQL server for the tests, started in a temporary directory (`initdb`, `pg_ctl`) and stopped after.
+"""A real PostgreSQL server for the tests and the benches, started in a temporary directory (`initdb`, `pg_ctl`)
+and stopped after.
 
 Debian's `postgresql` package (`make test` installs it as root when missing) puts its programs under
 `/usr/lib/postgresql/<version>/bin`; a PATH that has `initdb` wins. PostgreSQL refuses to run as root: as root the
