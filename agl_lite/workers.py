@@ -30,6 +30,8 @@ log = structlog.get_logger("agl_lite.workers")
 WORKER_ENV = "AGL_WORKER"
 """Set in a worker's environment (its index): it serves rather than supervises."""
 _PR_SET_PDEATHSIG = 1
+SUPERVISOR_ENV = "AGL_WORKER_SUPERVISOR"
+"""The supervisor's pid, in a worker's environment: if its parent is another by the time it asks, it died."""
 START_S = 5.0
 """A worker that exits sooner than this after its start failed its start."""
 
@@ -39,11 +41,11 @@ def die_with_parent() -> None:
     with nobody to stop it). Linux only; elsewhere nothing."""
     if not sys.platform.startswith("linux"):
         return
-    parent = os.getppid()
+    parent = int(os.environ.get(SUPERVISOR_ENV, "0"))
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent:  # it died before the prctl
+    if os.getppid() != parent:  # it died before the prctl (then this process's parent is another)
         os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -63,7 +65,7 @@ def supervise(config: Path, workers: int, shutdown_timeout: float) -> int:
 
     def start(index: int) -> tuple[subprocess.Popen[bytes], float]:
         argv = [sys.executable, "-m", "agl_lite", "run", "--config", str(config), "--workers", str(workers)]
-        proc = subprocess.Popen(argv, env={**env, WORKER_ENV: str(index)})
+        proc = subprocess.Popen(argv, env={**env, WORKER_ENV: str(index), SUPERVISOR_ENV: str(os.getpid())})
         log.info("worker started", worker=index, pid=proc.pid)
         return proc, time.monotonic()
 

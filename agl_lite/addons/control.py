@@ -104,6 +104,8 @@ class Control:
         """Under a shared pause: every other live gateway on the store said it holds it with nothing in flight."""
         self._reporting = False
         self._tasks: TaskSet | None = None
+        self._version = 0
+        """The version of the shared pause state applied here (`_apply_shared`)."""
 
     @property
     def in_flight(self) -> int:
@@ -173,8 +175,9 @@ class Control:
         follow the pauses the others share from now on."""
         if self._store is None:
             return
-        self._store.on_pause(self._apply)
-        self._apply(await self._store.shared_pause())
+        self._store.on_pause(self._apply_shared)
+        if (state := await self._store.shared_pause()) is not None:
+            self._apply_shared(state)
 
     async def request(self, flow: Flow) -> None:
         if flow.route.kind is RouteKind.LLM:
@@ -201,18 +204,15 @@ class Control:
         mode, timeout = call.body.mode, call.body.hold_timeout_s
         if timeout is None:
             timeout = self.options.hold_timeout_s
-        pause = {"pause_id": uuid.uuid4().hex, "mode": mode.value, "hold_timeout_s": float(timeout)}
-        self._apply(pause)
-        if self._store is not None:
-            await self._store.share_pause(pause)
+        await self._change(
+            {"pause_id": uuid.uuid4().hex, "mode": mode.value, "hold_timeout_s": float(timeout)}
+        )
         return self.state()
 
     @table.endpoint("POST", "/api/gateway/resume", Scope.ADMIN)
     async def gateway_resume(self, call: Call) -> Any:
         """Resume LLM calls."""
-        self._apply(None)
-        if self._store is not None:
-            await self._store.share_pause(None)
+        await self._change(None)
         return self.state()
 
     @table.endpoint(
@@ -296,6 +296,21 @@ class Control:
                 self.held -= 1
                 flow.metadata["control.held_s"] = loop.time() - t0
                 self._changed()
+
+    async def _change(self, pause: dict[str, Any] | None) -> None:
+        """Pause (or resume: None) here, and every gateway on the store where one is shared. The shared state
+        is applied in commit order (its version), whichever way it arrives: from the store's answer here or from
+        a notification, so that gateways changed side by side end alike."""
+        shared = await self._store.share_pause(pause) if self._store is not None else None
+        if shared is None:
+            self._apply(pause)
+        else:
+            self._apply_shared(shared)
+
+    def _apply_shared(self, state: dict[str, Any]) -> None:
+        if state["version"] > self._version:
+            self._version = state["version"]
+            self._apply(state["pause"])
 
     def _apply(self, pause: dict[str, Any] | None) -> None:
         """A pause (or resume: None), made here or heard from another gateway on the store."""

@@ -583,7 +583,7 @@ def gateway_pause(
         if drain is not None:
             state = await client.gateway_state(wait_drained=drain)
         render.emit(as_json, state.to_json(), lambda: render.state_table(state))
-        return EXIT_FAILED if drain is not None and state.in_flight else EXIT_OK
+        return EXIT_FAILED if drain is not None and not state.drained else EXIT_OK
 
     _run(ctx, work)
 

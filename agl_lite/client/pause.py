@@ -40,9 +40,10 @@ async def paused(
     await control.pause(mode, hold_timeout_s)
     try:
         state = await control.gateway_state(wait_drained=drain_timeout_s)
-        if state.in_flight and require_drained:
+        if not state.drained and require_drained:
+            where = "here" if state.in_flight else "in another gateway on the store"
             raise DrainTimeout(
-                f"{state.in_flight} LLM call(s) still in flight after {drain_timeout_s} s; the gateway was resumed",
+                f"LLM calls still in flight {where} after {drain_timeout_s} s; the gateway was resumed",
                 state.in_flight,
             )
         yield state

@@ -23,6 +23,14 @@ class GatewayState:
     held: int
     """LLM calls waiting for resume."""
     paused_since: float | None
+    others_drained: bool | None = None
+    """Under a pause shared through the store (PostgreSQL, several gateways): whether every other gateway held it
+    with no call in flight when this answer was given; None where no other gateway shares the store."""
+
+    @property
+    def drained(self) -> bool:
+        """No LLM call in flight here, nor in any other gateway on the store."""
+        return self.in_flight == 0 and self.others_drained is not False
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> GatewayState:
@@ -33,6 +41,7 @@ class GatewayState:
             in_flight=int(d.get("in_flight", 0)),
             held=int(d.get("held", 0)),
             paused_since=d.get("paused_since"),
+            others_drained=d.get("others_drained"),
         )
 
     def to_json(self) -> dict[str, Any]:

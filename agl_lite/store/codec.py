@@ -5,6 +5,7 @@ Token ids and logprobs are not JSON here: backends store them packed (see `packe
 
 from __future__ import annotations
 
+import dataclasses
 from array import array
 from typing import Any
 
@@ -52,8 +53,12 @@ def resource_from_json(d: dict[str, Any]) -> Resource:
     return Resource(**d)
 
 
+_MODEL_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelRecord))
+
+
 def model_from_json(d: dict[str, Any]) -> ModelRecord:
-    return ModelRecord(**d)
+    """Fields this version knows (a newer replica's record may have more)."""
+    return ModelRecord(**{k: v for k, v in d.items() if k in _MODEL_FIELDS})
 
 
 def call_to_json(call: LLMCall) -> dict[str, Any]:

@@ -345,15 +345,20 @@ class Store:
     # One process owns a SQLite or memory store: these say so and cost nothing. A store that several gateways share
     # (PostgreSQL) carries a pause to all of them, and tells each how far the others drained.
 
-    async def share_pause(self, pause: dict[str, Any] | None) -> None:
-        """Make `pause` (None: resumed) that of every gateway on this store (`on_pause` tells the others)."""
-
-    async def shared_pause(self) -> dict[str, Any] | None:
-        """The pause in force on this store's gateways: one that starts during a pause starts paused."""
+    async def share_pause(self, pause: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Make `pause` (None: resumed) that of every gateway on this store (`on_pause` tells the others); the
+        shared state it made, `{"version": n, "pause": pause}` (n counts the changes, in commit order), or None
+        where no other gateway shares the store."""
         return None
 
-    def on_pause(self, listener: Callable[[dict[str, Any] | None], None]) -> None:
-        """Call `listener` with each pause (None: resume) that another gateway on this store shared."""
+    async def shared_pause(self) -> dict[str, Any] | None:
+        """The shared pause state in force (a gateway that starts during a pause starts paused); None where no
+        other gateway shares the store."""
+        return None
+
+    def on_pause(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call `listener` with each shared pause state another gateway on this store made (they may arrive out of
+        their order: the version says which is the latest)."""
 
     async def report_drain(self, pause_id: str, in_flight: int) -> None:
         """This gateway holds the pause `pause_id` with `in_flight` LLM calls still in flight."""

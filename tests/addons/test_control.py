@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from agl_lite.addons.control import METRICS_REGISTRY, Control, ServiceUnavailable
 from agl_lite.addons.metrics import Metrics
 from agl_lite.addons.router import Router
+from agl_lite.client import AglLiteClient, DrainTimeout
 from agl_lite.core.config import GatewayConfig
 from agl_lite.core.contract import derive_key
 from agl_lite.core.flow import Flow
@@ -25,6 +26,7 @@ from agl_lite.core.services import LoadContext
 from agl_lite.errors import BadRequest, ConfigError, TooManyRequests
 from agl_lite.testing import MockVLLM, Scenario, running_mock
 from agl_lite.testing.flows import make_flow
+from tests.client.conftest import NO_UPSTREAM
 from tests.conftest import ADMIN_KEY, GatewayFactory, gateway_url
 
 ROUTES = (*Router.routes, *Control.routes)
@@ -458,6 +460,11 @@ async def test_a_pause_through_one_gateway_pauses_every_gateway_on_the_store_and
     ):
         stream = await sdk_b.chat.completions.create(model="smollm2", messages=MESSAGES, stream=True)
         await mock.wait_until(lambda m: m.stalled_streams == 1)  # in flight on b
+        async with AglLiteClient(gateway_url(gw_a), ADMIN_KEY) as client_a:  # a weight sync's own guard
+            with pytest.raises(DrainTimeout, match="in another gateway on the store"):
+                async with client_a.paused(drain_timeout_s=0.5):
+                    raise AssertionError("the weights must not be swapped with a call in flight on b")
+        await control_b.wait_until(lambda c: not c.paused, timeout=10)  # (it resumed on the way out)
         async with admin_a.post("/api/gateway/pause", json={"mode": "hold"}) as r:
             assert r.status == 200
         await control_b.wait_until(lambda c: c.paused, timeout=10)
@@ -474,3 +481,29 @@ async def test_a_pause_through_one_gateway_pauses_every_gateway_on_the_store_and
             assert r.status == 200
         await control_b.wait_until(lambda c: not c.paused, timeout=10)
         assert (await asyncio.wait_for(held, 10)).choices  # released by the resume made on a
+
+
+async def test_gateways_paused_and_resumed_side_by_side_end_alike(
+    gateway_factory: GatewayFactory, postgres_db: str
+) -> None:
+    """Changes of the shared pause made at once through two gateways are applied everywhere in commit order: both
+    end as the last one committed left them (each applying its own first ended them opposite, for good)."""
+    controls = [Control(), Control()]
+    store = {"store": {"dsn": postgres_db}}
+    chain = ("store", "auth", "store_api")
+    async with (
+        gateway_factory(NO_UPSTREAM, chain=chain, addons=store, extra_addons=[controls[0]]) as gw_a,
+        gateway_factory(NO_UPSTREAM, chain=chain, addons=store, extra_addons=[controls[1]]) as gw_b,
+        AglLiteClient(gateway_url(gw_a), ADMIN_KEY) as a,
+        AglLiteClient(gateway_url(gw_b), ADMIN_KEY) as b,
+    ):
+        for _ in range(10):
+            await asyncio.gather(a.pause(), b.resume())
+            await asyncio.gather(a.pause(), b.pause())
+            await asyncio.gather(a.resume(), b.pause())
+            state = [lambda c=c: (c.pause_id, c.paused) for c in controls]
+            async with asyncio.timeout(10):
+                # (until the notifications arrived: polled, bounded)
+                while state[0]() != state[1]():  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            assert controls[0]._version == controls[1]._version

@@ -22,7 +22,7 @@ import orjson
 import psycopg
 
 from agl_lite.store.packed_ids import PrefixIndex
-from agl_lite.store.records import Event, LLMCall, ModelRecord, Rollout
+from agl_lite.store.records import Attempt, Event, LLMCall, ModelRecord, Rollout
 from agl_lite.store.sqlite.repo import SQLiteRepo
 
 __all__ = ["PgConnection", "PostgresRepo", "translate"]
@@ -120,9 +120,9 @@ class PostgresRepo(SQLiteRepo):
         return removed
 
     def _notify_model(self, kind: str, model: ModelRecord) -> None:
-        """A registration (or its removal) for the other replicas' routes, the record itself in the payload."""
-        body = orjson.dumps(model.to_json()).decode()
-        self.conn.execute("SELECT pg_notify('agl_store', ?)", (f"{kind} {self.origin} {body}",))
+        """A registration (or its removal) for the other replicas' routes: its name (they read the record; it
+        may not fit a notification's 8,000 bytes, 64 endpoints of 2 KB each being allowed)."""
+        self.conn.execute("SELECT pg_notify('agl_store', ?)", (f"{kind} {self.origin} {model.name}",))
 
     # --- each rollout's totals (schema v3) ----------------------------------------------------------------------
 
@@ -159,17 +159,25 @@ class PostgresRepo(SQLiteRepo):
 
     # --- the gateways sharing the store (schema v2) -------------------------------------------------------------
 
-    def put_pause(self, pause: dict[str, Any] | None) -> None:
-        body = orjson.dumps(pause)
+    def put_pause(self, pause: dict[str, Any] | None) -> dict[str, Any]:
+        """The shared pause state after this change: `{"version": n, "pause": pause}`, n one more than before (in
+        commit order: two changes side by side conflict, and one runs again)."""
+        row = self.conn.execute(
+            "INSERT INTO gateway_pause (id, version, body) VALUES (1, 1, ?) ON CONFLICT (id)"
+            " DO UPDATE SET version = gateway_pause.version + 1, body = EXCLUDED.body RETURNING version",
+            (orjson.dumps(pause),),
+        ).fetchone()
+        state = {"version": int(row[0]), "pause": pause}
         self.conn.execute(
-            "INSERT INTO gateway_pause (id, body) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET body = EXCLUDED.body",
-            (body,),
+            "SELECT pg_notify('agl_store', ?)", (f"pause {self.origin} {orjson.dumps(state).decode()}",)
         )
-        self.conn.execute("SELECT pg_notify('agl_store', ?)", (f"pause {self.origin} {body.decode()}",))
+        return state
 
-    def get_pause(self) -> dict[str, Any] | None:
-        row = self.conn.execute("SELECT body FROM gateway_pause WHERE id = 1").fetchone()
-        return orjson.loads(row[0]) if row else None
+    def get_pause(self) -> dict[str, Any]:
+        row = self.conn.execute("SELECT version, body FROM gateway_pause WHERE id = 1").fetchone()
+        return (
+            {"version": int(row[0]), "pause": orjson.loads(row[1])} if row else {"version": 0, "pause": None}
+        )
 
     def put_replica(self, pause_id: str | None, in_flight: int) -> None:
         """This gateway heard of now; with `pause_id`, its answer to that pause too."""
@@ -200,6 +208,14 @@ class PostgresRepo(SQLiteRepo):
 
     def drop_replica(self) -> None:
         self.conn.execute("DELETE FROM gateway_replicas WHERE origin = ?", (self.origin,))
+
+    def put_attempt(self, attempt: Attempt, *, new: bool) -> None:
+        super().put_attempt(attempt, new=new)
+        if (
+            attempt.status.terminal
+        ):  # (the other replicas' agent gates forget it: asked again, they refuse it)
+            ended = f"attempt {self.origin} {attempt.rollout_id} {attempt.id}"
+            self.conn.execute("SELECT pg_notify('agl_store', ?)", (ended,))
 
     def put_rollout(self, rollout: Rollout, *, new: bool) -> None:
         super().put_rollout(rollout, new=new)

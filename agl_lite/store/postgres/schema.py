@@ -7,12 +7,14 @@ index is there), so that one repository serves both.
 
 from __future__ import annotations
 
+import re
+
 import psycopg
 import structlog
 
 from agl_lite.errors import ConfigError
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate", "scrub"]
 
 log = structlog.get_logger("agl_lite.store.postgres")
 
@@ -59,7 +61,9 @@ MIGRATIONS: list[str] = [
     # v2: the gateways sharing the store: the pause in force (one row), and each live gateway's answer to it
     # (the pause it holds, its LLM calls still in flight) with the time it was last heard of, by the server's clock.
     """
-    CREATE TABLE gateway_pause (id INTEGER PRIMARY KEY CHECK (id = 1), body BYTEA);
+    CREATE TABLE gateway_pause (
+        id INTEGER PRIMARY KEY CHECK (id = 1), version BIGINT NOT NULL, body BYTEA
+    );
     CREATE TABLE gateway_replicas (
         origin TEXT PRIMARY KEY, pause_id TEXT, in_flight INTEGER NOT NULL, seen_at DOUBLE PRECISION NOT NULL
     );
@@ -111,8 +115,25 @@ def migrate(conn: psycopg.Connection, dsn: str) -> int:
     return found
 
 
+def scrub(message: str, dsn: str) -> str:
+    """`message` (libpq's, which may quote what it could not parse) without the DSN's credentials."""
+    _, sep, rest = dsn.partition("://")
+    credentials = rest.rpartition("@")[0] if sep else ""
+    password = credentials.partition(":")[2]
+    # libpq, given a password with an unescaped `@` or `/`, takes part of it for the host: its pieces go too.
+    secrets = {credentials, password, *re.split(r"[@/:]", password)}
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= 3:
+            message = message.replace(secret, "***")
+    return message.strip()
+
+
 def _safe(dsn: str) -> str:
-    """The DSN without its password, for messages and logs."""
+    """The DSN without its password, for messages and logs. A URL's credentials (all between `://` and the last
+    `@`, so that a password with an unescaped `@` or `/` goes too) are cut before it is parsed at all."""
+    scheme, sep, rest = dsn.partition("://")
+    if sep and "@" in rest:
+        dsn = f"{scheme}://***@{rest.rpartition('@')[2]}"
     try:
         info = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:

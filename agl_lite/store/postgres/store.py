@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 import psycopg
@@ -36,11 +36,10 @@ import structlog
 from psycopg import errors as pg_errors
 
 from agl_lite.errors import ConfigError, HttpError, InternalError, ServiceUnavailable
-from agl_lite.store import codec
 from agl_lite.store.packed_ids import PrefixIndex
 from agl_lite.store.postgres.repo import PostgresRepo
-from agl_lite.store.postgres.schema import _safe, migrate
-from agl_lite.store.records import RolloutStatus
+from agl_lite.store.postgres.schema import _safe, migrate, scrub
+from agl_lite.store.records import ModelRecord, RolloutStatus
 from agl_lite.store.rules import Serial, Store
 from agl_lite.store.sqlite.store import admit, settle_all
 
@@ -56,6 +55,10 @@ HEARTBEAT_S = 5.0
 """How often a store says its gateway is alive (`gateway_replicas`), paused or not."""
 LIVE_S = 3 * HEARTBEAT_S
 """A gateway not heard of for this long is gone: the others' drains stop waiting for it."""
+LOCK_WAIT_S = 5.0
+"""Longest wait of a write for a lock another gateway holds (`Serial`'s, a row's)."""
+UNREACHABLE_S = 5.0
+"""How long a write waits for an unreachable server (reconnecting) before it fails with 503."""
 RETRIES = 20
 """Runs of a transaction that the server aborted for a conflict with another's, before its writes fail (503)."""
 RETRY_AFTER_S = 1
@@ -77,7 +80,16 @@ def _lock_key(name: str) -> int:
 
 
 class _Lost(Exception):
-    """The connection to the server broke (its transaction's outcome is the server's: it rolled back)."""
+    """The connection to the server broke. Before the commit was sent its transaction rolled back; during the
+    commit (`xid` set) the server alone knows: `results` and `added` are what the batch did, should it have."""
+
+    def __init__(
+        self, xid: str | None = None, results: list[Any] | None = None, added: list[Any] | None = None
+    ):
+        super().__init__(xid)
+        self.xid = xid
+        self.results = results or []
+        self.added = added or []
 
 
 class PostgresStore(Store):
@@ -104,7 +116,7 @@ class PostgresStore(Store):
         self._listener: threading.Thread | None = None
         self._closing = threading.Event()
         self._listening = threading.Event()
-        self._pause_listeners: list[Callable[[dict[str, Any] | None], None]] = []
+        self._pause_listeners: list[Callable[[dict[str, Any]], None]] = []
         self.origin = secrets.token_hex(8)
         """This store's id in its notifications (it has heard of its own writes already)."""
 
@@ -136,6 +148,8 @@ class PostgresStore(Store):
                     beat = PostgresRepo(conn, origin=self.origin)
                     beat.put_replica(None, 0)
                     last_beat = time.monotonic()
+                    if self._listening.is_set():  # listening again: what it missed meanwhile, read
+                        asyncio.run_coroutine_threadsafe(self._caught_up(), loop)
                     self._listening.set()
                     while not self._closing.is_set():
                         if time.monotonic() - last_beat >= HEARTBEAT_S:  # (the others' drains count this one)
@@ -146,12 +160,30 @@ class PostgresStore(Store):
                                 self._heard(loop, note.payload)
                             except RuntimeError:  # the loop closed: the store is going too
                                 return
+                            except Exception as exc:  # another version's, or garbage: this one only is lost
+                                log.warning(
+                                    "unreadable store notification",
+                                    payload=note.payload[:200],
+                                    error=repr(exc),
+                                )
             except psycopg.Error as exc:
                 log.warning("store notifications lost; listening again", error=repr(exc))
                 self._closing.wait(1.0)
 
     def _connect(self) -> psycopg.Connection[Any]:
-        conn = psycopg.connect(self.dsn, connect_timeout=10)
+        """The writer's connection. A lock it waits for longer than `LOCK_WAIT_S` (another gateway frozen while it
+        held it) fails the batch with 503 rather than stalling every write of this gateway behind it; TCP
+        keepalives notice a server that went away without a word."""
+        conn = psycopg.connect(
+            self.dsn,
+            connect_timeout=10,
+            keepalives=1,
+            keepalives_idle=30,
+            keepalives_interval=10,
+            keepalives_count=3,
+        )
+        conn.execute(f"SET lock_timeout = '{int(LOCK_WAIT_S * 1000)}ms'".encode())
+        conn.commit()
         conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
         return conn
 
@@ -161,7 +193,9 @@ class PostgresStore(Store):
                 migrate(conn, self.dsn)
             self._conn = self._connect()
         except psycopg.Error as exc:
-            raise ConfigError(f"cannot open the store {_safe(self.dsn)}: {exc}") from exc
+            raise ConfigError(
+                f"cannot open the store {_safe(self.dsn)}: {scrub(str(exc), self.dsn)}"
+            ) from exc
 
     @property
     def queue_depth(self) -> int:
@@ -186,11 +220,45 @@ class PostgresStore(Store):
             pause = orjson.loads(rest)
             for listener in self._pause_listeners:
                 loop.call_soon_threadsafe(listener, pause)
+        elif kind == "attempt":
+            rollout_id, _, attempt_id = rest.partition(" ")
+            loop.call_soon_threadsafe(self._seen_attempts.discard, (rollout_id, attempt_id))
         elif kind in ("model", "unmodel"):
-            model = codec.model_from_json(orjson.loads(rest))
-            hooks = self._model_listeners if kind == "model" else self._model_removed
-            for hook in hooks:
-                loop.call_soon_threadsafe(hook, model)
+            asyncio.run_coroutine_threadsafe(self._model_heard(kind == "model", rest), loop)
+
+    async def _caught_up(self) -> None:
+        """After notifications were lost (the listening connection broke): the shared pause and the models read
+        again, the rollouts' states forgotten (read again when next asked), every waiter woken to read again."""
+        log.info("store notifications resumed; reading what they may have missed")
+        self._status.clear()
+        self._notify_completion()
+        self._notify_enqueued()
+        try:
+            state = await self.shared_pause()
+            models = await self.models()
+        except HttpError as exc:
+            log.warning("the store could not be read after notifications resumed", error=exc.message)
+            return
+        for listener in self._pause_listeners:
+            listener(state)  # type: ignore[arg-type]
+        for model in models:
+            for model_listener in self._model_listeners:
+                model_listener(model)
+
+    async def _model_heard(self, registered: bool, name: str) -> None:
+        """Another replica (de)registered `name`: its record as the store has it now, to this replica's routes (a
+        removal that a later registration already undid is one)."""
+        try:
+            record = next((m for m in await self.models() if m.name == name), None)
+        except HttpError as exc:
+            log.warning("a model registration could not be read", model=name, error=exc.message)
+            return
+        if record is not None:
+            for listener in self._model_listeners:
+                listener(record)
+        elif not registered:
+            for listener in self._model_removed:
+                listener(ModelRecord(name, [], ""))
 
     # --- each rollout's totals ---------------------------------------------------------------------------------
 
@@ -203,13 +271,13 @@ class PostgresStore(Store):
 
     # --- the gateways sharing this store ---------------------------------------------------------------------------
 
-    async def share_pause(self, pause: dict[str, Any] | None) -> None:
-        await self._write(lambda repo: repo.put_pause(pause))
+    async def share_pause(self, pause: dict[str, Any] | None) -> dict[str, Any] | None:
+        return await self._write(Serial(lambda repo: cast(PostgresRepo, repo).put_pause(pause), "pause"))
 
     async def shared_pause(self) -> dict[str, Any] | None:
         return await self._read(lambda repo: repo.get_pause())
 
-    def on_pause(self, listener: Callable[[dict[str, Any] | None], None]) -> None:
+    def on_pause(self, listener: Callable[[dict[str, Any]], None]) -> None:
         self._pause_listeners.append(listener)
 
     async def report_drain(self, pause_id: str, in_flight: int) -> None:
@@ -256,6 +324,9 @@ class PostgresStore(Store):
     def _commit_batch(self, batch: list[_Item], lock: str | None = None) -> None:
         try:
             results = self._run_retrying(batch, lock)
+        except HttpError as exc:  # the server unreachable, or conflicts without end: the same for each write
+            log.error("store commit failed", error=exc.message, size=len(batch))
+            results = [(fut, loop, None, exc) for _, fut, loop in batch]
         except Exception as exc:
             log.warning(
                 "store batch failed; retrying its writes one by one", error=repr(exc), size=len(batch)
@@ -275,18 +346,54 @@ class PostgresStore(Store):
             loop.call_soon_threadsafe(settle_all, settled)
 
     def _run_retrying(self, batch: list[_Item], lock: str | None) -> list[tuple[Any, ...]]:
+        """The batch, run again after a conflict (up to `RETRIES` times) or a lost connection (for up to
+        `UNREACHABLE_S`). A connection lost while committing is asked about first: a transaction the server did
+        commit is done, and running it again would write it twice."""
+        lost_since: float | None = None
         for attempt in range(RETRIES):
             try:
                 return self._run_batch(batch, lock)
             except _CONFLICTS:
                 self.conflicts += 1
                 time.sleep(random.uniform(0, min(0.1, 0.002 * 2**attempt)))  # apart, so the next run differs
-            except _Lost:
+            except pg_errors.LockNotAvailable as exc:  # (the same for each of its writes: not one by one)
+                raise _commit_error(exc) from exc
+            except _Lost as lost:
+                if lost.xid is not None and self._committed(lost.xid):
+                    for scope, ref, ids in lost.added:
+                        self._index.add(scope, ref, ids)
+                    return lost.results
+                lost_since = lost_since or time.monotonic()
+                if time.monotonic() - lost_since > UNREACHABLE_S:
+                    raise ServiceUnavailable(
+                        "the store's server is unreachable; nothing was written, retry later",
+                        headers={"Retry-After": str(RETRY_AFTER_S)},
+                    ) from lost
                 time.sleep(min(1.0, 0.05 * 2**attempt))
         raise ServiceUnavailable(
             "the store's transaction kept conflicting with other gateways'; retry later",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
+
+    def _committed(self, xid: str) -> bool:
+        """Whether the transaction `xid` committed, asked on a new connection (for up to `UNREACHABLE_S`); a
+        server that cannot say leaves the write failed (503), never run twice."""
+        deadline = time.monotonic() + UNREACHABLE_S
+        while True:
+            try:
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+                    row = conn.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone()
+                status = row[0] if row else None
+                if status != "in progress":
+                    return status == "committed"
+            except psycopg.Error as exc:
+                if time.monotonic() > deadline:
+                    raise ServiceUnavailable(
+                        "the store lost its connection while committing and cannot tell whether it did; retry "
+                        "later (an enqueue with its ids is safe to repeat)",
+                        headers={"Retry-After": str(RETRY_AFTER_S)},
+                    ) from exc
+            time.sleep(0.1)
 
     def _run_batch(self, batch: list[_Item], lock: str | None = None) -> list[tuple[Any, ...]]:
         conn = self._conn
@@ -313,6 +420,7 @@ class PostgresStore(Store):
         except psycopg.OperationalError as exc:
             if conn.closed:  # (a session's locks go with it)
                 raise _Lost from exc
+            conn.rollback()  # (a lock that timed out left its transaction aborted)
             raise
 
     def _run_in_transaction(self, conn: psycopg.Connection[Any], batch: list[_Item]) -> list[tuple[Any, ...]]:
@@ -333,7 +441,16 @@ class PostgresStore(Store):
                     raise RuntimeError(f"operation failed: {exc!r}") from exc
                 added += repo.end_op(True)
                 results.append((fut, loop, value, None))
-            conn.commit()
+            xid = str(conn.execute("SELECT pg_current_xact_id()").fetchone()[0])  # type: ignore[index]
+            try:
+                conn.commit()
+            except psycopg.OperationalError as exc:
+                if conn.closed:  # committed or not: the server knows (`_committed`)
+                    raise _Lost(xid, results, added) from exc
+                raise
+        except _Lost:
+            repo.end_op(False)
+            raise
         except BaseException as exc:
             repo.end_op(False)
             if not conn.closed:
@@ -408,6 +525,11 @@ class PostgresStore(Store):
 def _commit_error(exc: BaseException) -> HttpError:
     if isinstance(exc, HttpError):
         return exc
+    if isinstance(exc, pg_errors.LockNotAvailable):
+        return ServiceUnavailable(
+            "the store is busy: another gateway held a lock this write needs for too long; retry later",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
     if isinstance(exc, _Lost | psycopg.OperationalError):
         return ServiceUnavailable(
             "the store's server is unreachable; nothing was written, retry later",

@@ -12,7 +12,7 @@ import pytest
 from agl_lite.client import AglLiteClient
 from agl_lite.errors import Forbidden
 from agl_lite.store.postgres import PostgresStore
-from agl_lite.store.records import RolloutStatus
+from agl_lite.store.records import AttemptStatus, RolloutConfig, RolloutStatus
 from agl_lite.store.rules import EventSpec, RolloutSpec
 from agl_lite.testing.gateway import write_config
 from bench.harness.gateway_process import gateway_processes, start_gateway
@@ -96,14 +96,24 @@ async def test_a_model_registered_through_one_replica_reaches_the_others_routes(
     a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
     heard: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
     b.on_model_change(lambda m: heard.put_nowait(("set", m.version)))
-    b.on_model_removed(lambda m: heard.put_nowait(("removed", m.version)))
+    b.on_model_removed(lambda m: heard.put_nowait(("removed", m.name)))
     a.on_model_change(lambda m: heard.put_nowait(("a heard its own", m.version)))
     try:
+        with psycopg.connect(
+            postgres_db, autocommit=True
+        ) as conn:  # another version's, or garbage: not fatal
+            for payload in ("model x", "pause x {", "ended", "what"):
+                conn.execute("SELECT pg_notify('agl_store', %s)", (payload,))
+        await a.put_model("policy", [f"http://127.0.0.1:9/{'v' * 2000}/{i}" for i in range(8)], "step-6")
+        got = {
+            await asyncio.wait_for(heard.get(), 10) for _ in range(2)
+        }  # (over 8,000 bytes: no notification)
+        assert got == {("a heard its own", "step-6"), ("set", "step-6")}
         await a.put_model("policy", ["http://127.0.0.1:9/v1"], "step-7")
         got = {await asyncio.wait_for(heard.get(), 10) for _ in range(2)}
         assert got == {("a heard its own", "step-7"), ("set", "step-7")}  # (a's before put_model returned)
         await a.remove_model("policy")
-        assert await asyncio.wait_for(heard.get(), 10) == ("removed", "step-7")
+        assert await asyncio.wait_for(heard.get(), 10) == ("removed", "policy")
         assert heard.empty()  # a does not hear its own notifications a second time
     finally:
         await a.close()
@@ -134,6 +144,23 @@ async def test_a_rollouts_token_and_byte_totals_count_every_replicas_writes(post
         assert summed is not None
         assert events is not None
         assert await a.rollout_bytes("r") == summed[0] + events[0]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_an_attempt_ended_through_one_replica_is_refused_by_the_others_gate(postgres_db: str) -> None:
+    a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
+    try:
+        await a.enqueue([RolloutSpec(input=1, id="r", config=RolloutConfig(max_attempts=3))])
+        await a.claim("runner", 1)
+        await b.agent_gate("r", "pod-1")  # the attempt started, and known to b
+        await a.update_attempt("r", "pod-1", AttemptStatus.LOST)
+        async with asyncio.timeout(10):
+            while ("r", "pod-1") in b._seen_attempts:  # noqa: ASYNC110 (the notification: polled, bounded)
+                await asyncio.sleep(0.01)
+        with pytest.raises(Forbidden, match="'pod-1' is lost"):
+            await b.agent_gate("r", "pod-1")
     finally:
         await a.close()
         await b.close()

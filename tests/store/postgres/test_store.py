@@ -5,6 +5,7 @@ again without a failed request."""
 from __future__ import annotations
 
 import asyncio
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -15,7 +16,9 @@ from agl_lite.store.rules import EventSpec, RolloutSpec
 from tests.store.test_rules import call
 
 
-async def test_two_replicas_writing_one_rollout_side_by_side_both_commit_every_write(postgres_db: str) -> None:
+async def test_two_replicas_writing_one_rollout_side_by_side_both_commit_every_write(
+    postgres_db: str,
+) -> None:
     """Events: each reads the rollout's last event number and writes the next, so they queue for the rollout's lock
     across replicas (`Serial`) and never conflict. Calls: each adds to the rollout's totals row; two that ran side
     by side conflict at SERIALIZABLE, and the loser runs again on fresh data. Every write lands, exactly once."""
@@ -74,3 +77,65 @@ async def test_an_unreachable_or_unreadable_dsn_is_a_config_error(dsn: str) -> N
 
     with pytest.raises(ConfigError, match="cannot open the store"):
         await PostgresStore.open(dsn)
+
+
+class CutAtCommit:
+    """A TCP proxy to the server that, once armed, lets the next COMMIT through and cuts the connection before
+    the server's answer reaches the client: the transaction is committed, and the client cannot know it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.armed = False
+        self.cuts = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        cutting = False
+
+        async def client_to_server() -> None:
+            nonlocal cutting
+            while data := await reader.read(65536):
+                if self.armed and b"COMMIT" in data:
+                    self.armed, cutting = False, True
+                up_writer.write(data)
+                await up_writer.drain()
+
+        async def server_to_client() -> None:
+            while data := await up_reader.read(65536):
+                if cutting:  # the answer to the COMMIT: dropped, and the client's connection with it
+                    self.cuts += 1
+                    break
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+            up_writer.close()
+
+        tasks = [asyncio.ensure_future(client_to_server()), asyncio.ensure_future(server_to_client())]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+        writer.close()
+        up_writer.close()
+
+
+async def test_a_write_committed_as_the_connection_broke_is_done_once_not_twice(postgres_db: str) -> None:
+    """The server committed; the answer never came. Run again, the call would be stored twice (training data
+    twice); answered 503, it would look lost. The store asks the server what became of the transaction."""
+    url = urlsplit(postgres_db)
+    proxy = CutAtCommit(url.hostname or "127.0.0.1", url.port or 5432)
+    server = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    store = await PostgresStore.open(postgres_db.replace(f":{url.port}/", f":{port}/"))
+    try:
+        await store.enqueue([RolloutSpec(input=1, id="r")])
+        await store.claim("runner", 1)
+        proxy.armed = True
+        await store.add_call(call("r", 1, [1, 2, 3], [[4, 5]]))
+        assert proxy.cuts == 1
+        assert [c.id for c in await store.calls("r", limit=10)] == ["c1"]  # once
+        assert await store.tokens_used("r") == 5
+        await store.add_call(call("r", 2, [1, 2, 3, 4, 5, 6], [[7]]))  # and the store goes on
+        assert len(await store.calls("r", limit=10)) == 2
+    finally:
+        await store.close()
+        server.close()
