@@ -28,6 +28,7 @@ from loadgen import HEY_MISSING, hey_path
 from procs import BenchError, Children, Placement, bench_main, free_port
 from report import machine
 from servers import agl_lite_argv
+from spy import py_spy_path, record, summarise
 from store import (
     CALLS,
     CHAIN,
@@ -176,6 +177,8 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
                     cell = run_cell(kind, server, hey, bodies, upstream_pid, seconds / rounds, pg_pid)
                     cells.setdefault((kind, name), []).append(cell)
         flat = flat_cost(admin_dsn, tmp, args.calls) if args.flat else []
+        if args.profile:
+            profile(servers[label("postgres", 1)], hey, bodies, upstream_pid, seconds, pg_pid, tmp)
         children.stop_all()
     print(f"\nreplicas bench  {info['date']}  {info['nproc']} CPUs {info['cpu']}  Python {info['python']}")
     print(
@@ -210,6 +213,10 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
             )
         )
     print(_table(header, rows, args.markdown))
+    for (kind, name), runs in cells.items():
+        notes = [note for c in runs for note in c.result.notes() if c.result.failed]
+        if notes:
+            print(f"{kind} on {name}: " + "; ".join(notes))
     best = max((float(r[2].split()[0].replace(",", "")) for r in rows if r[0] == "rollouts"), default=0.0)
     verdict = "reached" if best >= REFERENCE_ROLLOUTS else "missed (docs/performance.md shows what stops it)"
     print(f"\nsimulated rollouts: best {best:,.0f}/s against the {REFERENCE_ROLLOUTS}/s reference: {verdict}")
@@ -219,6 +226,32 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
             (e, s, f"{c:.2f}", f"{k:.2f}") for e, s, c, k in flat
         ], args.markdown))  # fmt: skip
     return 0
+
+
+def profile(
+    server: Server,
+    hey: str,
+    bodies: tuple[Path, Path],
+    upstream_pid: int,
+    seconds: float,
+    pg_pid: int,
+    tmp: Path,
+) -> None:
+    """py-spy of the PostgreSQL gateway (one process) under the simulated rollouts: where its CPU goes."""
+    spy = py_spy_path()
+    if spy is None:
+        print("\nprofile: py-spy not found (pip install py-spy)")
+        return
+    out = tmp / "profile-postgres-rollouts.txt"
+
+    def load() -> None:
+        run_cell("rollouts", server, hey, bodies, upstream_pid, seconds + 1, pg_pid)
+
+    record(spy, server.pid, seconds, out, load)
+    print(
+        f"\nprofile of the {server.backend} gateway (pid {server.pid}) under simulated rollouts, {seconds:g} s:"
+    )
+    print("\n".join(summarise(out, top=15)))
 
 
 def _postmaster(dsn: str) -> int:
@@ -250,6 +283,9 @@ def parse_args() -> argparse.Namespace:
         "--calls", type=int, default=1_000_000, help="The large store of --flat (default 1,000,000)."
     )
     p.add_argument("--markdown", action="store_true", help="Print the tables as markdown.")
+    p.add_argument(
+        "--profile", action="store_true", help="Also py-spy the PostgreSQL gateway under rollouts."
+    )
     p.add_argument("--keep-logs", action="store_true", help="Keep the servers' logs and configs.")
     return p.parse_args()
 

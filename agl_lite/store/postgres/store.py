@@ -79,6 +79,10 @@ def _lock_key(name: str) -> int:
     )
 
 
+class _Split(Exception):
+    """A batch conflicted with another gateway's: its operations run again one transaction each."""
+
+
 class _Lost(Exception):
     """The connection to the server broke. Before the commit was sent its transaction rolled back; during the
     commit (`xid` set) the server alone knows: `results` and `added` are what the batch did, should it have."""
@@ -323,7 +327,15 @@ class PostgresStore(Store):
 
     def _commit_batch(self, batch: list[_Item], lock: str | None = None) -> None:
         try:
-            results = self._run_retrying(batch, lock)
+            try:
+                results = self._run_retrying(batch, lock)
+            except _Split:
+                results = []
+                for item in batch:  # in order, each its own transaction (and its own retries)
+                    try:
+                        results += self._run_retrying([item], lock)
+                    except HttpError as exc:
+                        results.append((item[1], item[2], None, exc))
         except HttpError as exc:  # the server unreachable, or conflicts without end: the same for each write
             log.error("store commit failed", error=exc.message, size=len(batch))
             results = [(fut, loop, None, exc) for _, fut, loop in batch]
@@ -353,8 +365,10 @@ class PostgresStore(Store):
         for attempt in range(RETRIES):
             try:
                 return self._run_batch(batch, lock)
-            except _CONFLICTS:
+            except _CONFLICTS as exc:
                 self.conflicts += 1
+                if len(batch) > 1:  # a group's reads and writes span many pages: alone, each conflicts far less
+                    raise _Split from exc
                 time.sleep(random.uniform(0, min(0.1, 0.002 * 2**attempt)))  # apart, so the next run differs
             except pg_errors.LockNotAvailable as exc:  # (the same for each of its writes: not one by one)
                 raise _commit_error(exc) from exc
