@@ -367,7 +367,9 @@ class PostgresStore(Store):
                 return self._run_batch(batch, lock)
             except _CONFLICTS as exc:
                 self.conflicts += 1
-                if len(batch) > 1:  # a group's reads and writes span many pages: alone, each conflicts far less
+                if (
+                    len(batch) > 1
+                ):  # a group's reads and writes span many pages: alone, each conflicts far less
                     raise _Split from exc
                 time.sleep(random.uniform(0, min(0.1, 0.002 * 2**attempt)))  # apart, so the next run differs
             except pg_errors.LockNotAvailable as exc:  # (the same for each of its writes: not one by one)
