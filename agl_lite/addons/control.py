@@ -97,7 +97,7 @@ class Control:
         self._services: Services | None = None
         self._busy_counter: Counter | None = None
         self._store: Store | None = None
-        """The store, when the chain has one: a pause is shared with every gateway on it (docs/store.md)."""
+        """The store, when other gateways share it: a pause is shared with every gateway on it (docs/store.md)."""
         self.pause_id: str | None = None
         """The pause in force, as the gateways on the store know it."""
         self.others_drained = False
@@ -122,7 +122,7 @@ class Control:
             "refused_busy": self.refused_busy,
             "held": self.held,
             "paused_since": self.paused_since,
-            "others_drained": self.others_drained if self.pause_id is not None else None,
+            "others_drained": self.others_drained if self._store is not None and self.pause_id else None,
         }
 
     async def wait_until(self, predicate: Callable[[Control], bool], timeout: float) -> None:
@@ -150,7 +150,8 @@ class Control:
             )
         # Looked up here, not in load: the metrics addon may come later in the chain.
         registry = self._services.get(METRICS_REGISTRY) if self._services is not None else None
-        self._store = self._services.get(STORE) if self._services is not None else None
+        store = self._services.get(STORE) if self._services is not None else None
+        self._store = store if store is not None and store.shared else None  # (one process: nothing to share)
         if registry is not None:
             gauges(
                 registry,
@@ -240,9 +241,8 @@ class Control:
             if await self._store.others_drained(self.pause_id):
                 self.others_drained = True
                 return
-            await asyncio.sleep(
-                DRAIN_POLL_S
-            )  # (the others' answers are rows in the store: read again, bounded)
+            # (the others' answers are rows in the store: read again, bounded by the caller's deadline)
+            await asyncio.sleep(DRAIN_POLL_S)
 
     routes = table.routes
 

@@ -202,6 +202,8 @@ class Store:
     can neither post events nor start LLM calls (507 `quota_exceeded`); None: no quota."""
     max_event_bytes = 4 * 1024 * 1024
     """Largest event `data`, encoded (`[addons.store] max_event_bytes`); larger is a 413."""
+    shared = False
+    """Whether other gateways share this store (PostgreSQL): then a pause and its drain go through it."""
     max_cached_rollouts = 100_000
     """Rollouts whose token totals are kept in memory (the oldest are read again when needed)."""
 

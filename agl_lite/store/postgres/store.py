@@ -99,6 +99,8 @@ class _Lost(Exception):
 class PostgresStore(Store):
     """`await PostgresStore.open(dsn)`: the store on a PostgreSQL server, shared by every gateway given the DSN."""
 
+    shared = True
+
     def __init__(self, dsn: str, *, batch: int = 256, queue_size: int = 10_000, readers: int = 4) -> None:
         super().__init__()
         self.dsn = dsn
@@ -208,7 +210,8 @@ class PostgresStore(Store):
     def _heard(self, loop: asyncio.AbstractEventLoop, payload: str) -> None:
         """A notification, handed to the loop: `enqueued` wakes the runners; from another replica, `ended ORIGIN
         STATUS ROLLOUT` does here what ending it here does (the status known, its calls in flight cut, the long
-        polls woken), and `model` / `unmodel ORIGIN JSON` tell this replica's routes of a (de)registration."""
+        polls woken), `attempt ORIGIN ROLLOUT ATTEMPT` closes an ended attempt's key here, `model` / `unmodel ORIGIN
+        NAME` tell this replica's routes of a (de)registration, and `pause ORIGIN STATE` of a shared pause."""
         if payload == "enqueued":
             loop.call_soon_threadsafe(self._notify_enqueued)
             return
