@@ -95,6 +95,22 @@ async def test_enqueue_list_and_get(api: Api) -> None:
     assert (status, one["metadata"], one["attempts"]) == (200, {"answer": 0}, [])
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        "reward_min=nan",
+        "reward_max=1e999",
+        "reward_min=high",
+        "created_after=yesterday",
+        "model_version=" + "v" * 300,
+    ],
+)
+async def test_a_bad_list_filter_is_a_400_naming_it(api: Api, query: str) -> None:
+    status, body = await api.call("GET", f"/api/rollouts?{query}")
+    assert status == 400
+    assert body["error"]["param"] == query.split("=")[0]
+
+
 async def test_runner_protocol_round(api: Api) -> None:
     await api.call(
         "POST",
