@@ -188,6 +188,7 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
         "cell",
         "gateway",
         "rate",
+        "vs sqlite x1",
         "p50 ms",
         "p99 ms",
         "gateway CPU busy",
@@ -195,16 +196,21 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
         "non-2xx",
     )
     rows = []
-    for (kind, name), runs in cells.items():
-        pooled = Result()
+    pooled_by: dict[tuple[str, str], Result] = {}
+    for key, runs in cells.items():
+        pooled_by[key] = Result()
         for c in runs:
-            pooled.add(c.result)
+            pooled_by[key].add(c.result)
+    for (kind, name), runs in cells.items():
+        pooled = pooled_by[(kind, name)]
+        base = pooled_by[(kind, label("sqlite", 1))].rate
         seconds_total = sum(c.result.seconds for c in runs) or math.nan
         rows.append(
             (
                 kind,
                 name,
                 f"{pooled.rate:,.0f} {UNITS[kind]}",
+                f"{pooled.rate / base:.2f}x" if base else "—",
                 f"{pooled.percentile(50):.1f}",
                 f"{pooled.percentile(99):.1f}",
                 f"{100 * sum(c.gateway_cpu_s for c in runs) / seconds_total:.0f} %",
