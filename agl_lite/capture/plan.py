@@ -33,9 +33,12 @@ def plan(
     if body.get("stream") is True:  # vLLM rejects stream_options on a non-streamed request
         so = body.get("stream_options")
         if not (isinstance(so, dict) and asked(so.get("include_usage"))):
-            added["stream_options"] = (
-                {**so, "include_usage": True} if isinstance(so, dict) else {"include_usage": True}
-            )
+            options = {**so, "include_usage": True} if isinstance(so, dict) else {"include_usage": True}
+            if "continuous_usage_stats" in options:
+                # vLLM puts usage in every chunk only with include_usage too: the client, who did not ask for
+                # that, would get it in every chunk it reads, where vLLM would have sent it no usage at all.
+                options["continuous_usage_stats"] = False
+            added["stream_options"] = options
     if logprobs:
         if api == "chat":
             if not asked(body.get("logprobs")):

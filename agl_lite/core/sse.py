@@ -115,8 +115,9 @@ def find_done(tail: bytes, chunk: bytes) -> int:
 class DoneDetector:
     """Finds where the terminal `data: [DONE]` line starts in a stream fed chunk by chunk (the relay's commit point).
 
-    Runs on every chunk of every stream, so it first applies a one-scan filter: the read that completes the marker
-    holds its closing `E]`, or starts with `]` when the split fell right before it.
+    Runs on every chunk of every stream, so it first applies a filter made of single-byte scans (memchr, several
+    times cheaper than a search for two bytes or more): the read that completes the marker holds its `D`, or, when
+    the split fell after the `D`, its closing `]` in its first five bytes.
     """
 
     __slots__ = ("_tail", "found")
@@ -129,7 +130,7 @@ class DoneDetector:
         """Offset in `chunk` where the `[DONE]` line starts (0 if it began in an earlier chunk), else -1."""
         if self.found:
             return -1
-        if chunk.find(b"E]") >= 0 or chunk[:1] == b"]":
+        if chunk.find(b"D") >= 0 or chunk.find(b"]", 0, 5) >= 0:
             cut = find_done(self._tail, chunk)
             if cut >= 0:
                 self.found = True

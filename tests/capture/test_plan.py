@@ -20,10 +20,12 @@ from agl_lite.capture.strip import Strip
             Strip(token_ids=True, usage=True),
         ),
         (
+            # Continuous usage comes only with include_usage (vLLM): asked without it, the client gets no usage,
+            # and so it must stay off when capture asks for the final usage.
             {"stream": True, "stream_options": {"continuous_usage_stats": True}},
             {
                 "return_token_ids": True,
-                "stream_options": {"continuous_usage_stats": True, "include_usage": True},
+                "stream_options": {"continuous_usage_stats": False, "include_usage": True},
             },
             Strip(token_ids=True, usage=True),
         ),

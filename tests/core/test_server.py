@@ -611,3 +611,94 @@ async def test_a_keep_alive_connection_gets_503_while_the_shutdown_drains(
             assert (await r.json())["error"]["type"] == "shutting_down"
         await stopping
         assert (await stalled).status == 503
+
+
+async def test_a_client_that_reads_nothing_holds_the_upstream_back(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
+) -> None:
+    # The stream's chunks after the first go straight to the client's transport (`_ChunkSender`): what the client
+    # does not read must stop the relay (and so the upstream), never pile up in the gateway.
+    event = b"data: " + b"x" * 8186 + b"\n\n"  # 8 KiB
+    total = 16384  # events: 128 MiB, far more than the socket buffers on the way hold (tens of MB at most)
+    written = 0
+    in_write = False
+    finished = asyncio.Event()
+
+    async def flood(request: web.Request) -> web.StreamResponse:
+        nonlocal written, in_write
+        resp = await sse_start(request)
+        for _ in range(total):
+            in_write = True
+            await resp.write(event)
+            in_write = False
+            written += len(event)
+        await resp.write(b"data: [DONE]\n\n")
+        finished.set()
+        return resp
+
+    base = await upstream(flood)
+    async with gateway_factory({"m": [base]}) as gw:
+        client = socket.create_connection(("127.0.0.1", gw.port))
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        client.setblocking(False)
+        body = json.dumps({**CHAT, "stream": True}).encode()
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(client, head.encode() + body)
+        # The client reads nothing. Until the upstream is held in a write, or (the bug) has sent everything.
+        stalled, seen = 0, -1
+        for _ in range(400):  # at most 20 s
+            if finished.is_set():
+                break
+            stalled = stalled + 1 if (in_write and written == seen) else 0
+            if stalled >= 6:  # the same write pending for 0.3 s
+                break
+            seen = written
+            await asyncio.sleep(0.05)
+        assert not finished.is_set(), "the gateway took the whole stream while its client read nothing"
+        assert written < total * len(event) // 2
+        received, head, tail = 0, b"", b""
+        while not tail.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"):  # now the client reads, to the end
+            data = await asyncio.wait_for(loop.sock_recv(client, 1 << 20), 20)
+            assert data, "the stream ended early"
+            if not head:  # (the response head is in the first read)
+                head, _, data = data.partition(b"\r\n\r\n")
+            received += data.count(b"x")
+            tail = (tail + data)[-64:]
+        client.close()
+    assert finished.is_set()
+    assert received == total * 8186  # every byte, and nothing more
+
+
+async def test_a_stream_to_an_http_1_0_client_is_sent_unframed_and_ends_with_the_connection(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
+) -> None:
+    # HTTP/1.0 has no chunked encoding: the stream's bytes go as they are and the connection's end ends them.
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await sse_start(request)
+        for word in ("one", "two", "three"):
+            await resp.write(chunk(word))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    base = await upstream(handler)
+    async with gateway_factory({"m": [base]}) as gw:
+        body = json.dumps({**CHAT, "stream": True}).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.0\r\nAuthorization: Bearer "
+            + ADMIN_KEY.encode()
+            + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+        raw = await asyncio.wait_for(reader.read(), 10)  # until the gateway closes the connection
+        writer.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") or head.startswith(b"HTTP/1.1 200")
+    assert b"transfer-encoding" not in head.lower()
+    assert payload == chunk("one") + chunk("two") + chunk("three") + b"data: [DONE]\n\n"

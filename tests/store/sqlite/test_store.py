@@ -45,6 +45,68 @@ async def test_concurrent_writes_share_commits(tmp_path: Path) -> None:
         await store.close()
 
 
+def _noop(repo: object) -> None:
+    return None
+
+
+async def test_a_lone_write_commits_at_once_and_writes_in_bursts_wait_for_company(tmp_path: Path) -> None:
+    """Group commit across loop iterations: a lone writer (one agent) never waits for one; after a commit of several
+    writes, writes that keep coming, one per iteration, share commits (fewer commits: less CPU per write), a batch
+    waiting LINGER_ITERATIONS iterations at most."""
+    store = await SQLiteStore.open(tmp_path / "s.db")
+
+    async def burst() -> None:
+        await asyncio.gather(*(store._submit(_noop) for _ in range(3)))  # one commit of three
+
+    try:
+        alone = store._submit(_noop)
+        await asyncio.sleep(0)  # one loop iteration: the flush scheduled before this task's wake-up ran
+        assert alone.done()
+        await burst()
+        # After a burst, a lone write waits one iteration for company that does not come; the ones after it (their
+        # last commit held one write) none.
+        after = store._submit(_noop)
+        await asyncio.sleep(0)
+        assert not after.done()
+        await asyncio.sleep(0)
+        assert after.done()
+        alone = store._submit(_noop)
+        await asyncio.sleep(0)
+        assert alone.done()
+        await burst()
+        before = store.commits
+        spread = []
+        # One write per iteration, as flows end one by one: the first LINGER_ITERATIONS + 1 share a commit (no more:
+        # a batch waits that many iterations at most), the one after starts the next.
+        for _ in range(store_module.LINGER_ITERATIONS + 2):
+            spread.append(store._submit(_noop))
+            await asyncio.sleep(0)
+        await asyncio.gather(*spread)
+        assert store.commits - before == 2
+    finally:
+        await store.close()
+
+
+async def test_big_commits_checkpoint_the_wal_by_their_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With writes batched by the dozen, a checkpoint every 256 commits let the WAL grow to 86 MB between two.
+    monkeypatch.setattr(store_module, "CHECKPOINT_EVERY", 10**9)
+    monkeypatch.setattr(store_module, "CHECKPOINT_EVERY_WRITES", 64)
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        for _ in range(10):  # ten commits of 32 writes
+            await asyncio.gather(*(store._submit(_noop) for _ in range(32)))
+            for _ in range(500):  # (bounded) the writer thread's checkpoint, if one was asked, is done
+                if store._checkpoints_done == store._checkpoints_asked:
+                    break
+                await asyncio.sleep(0.01)
+        assert store.commits == 10
+        assert store._checkpoints_asked == 5  # 320 writes: one checkpoint every 64
+    finally:
+        await store.close()
+
+
 async def test_a_rejected_operation_does_not_spoil_its_batch(tmp_path: Path) -> None:
     store = await SQLiteStore.open(tmp_path / "s.db")
     try:
