@@ -123,7 +123,7 @@ def verdict(cells: Cells, has_litellm: bool) -> tuple[list[str], bool]:
         valid &= ok
         status = "ok" if ok else "INVALID: the upstream is the bottleneck, these figures mean nothing"
         if not ok and mode == "stream":
-            status += " (try --stream-writes 6)"
+            status += " (try fewer --stream-writes)"
         lines.append(
             f"validity {mode:<6} c={top}: direct {direct:,.0f} req/s = {_div(direct, relay):.1f}x relay "
             f"(needs >= {MIN_DIRECT_OVER_RELAY:g}x) {status}"
