@@ -127,7 +127,6 @@ class SQLiteStore(Store):
         self._checkpoints_done = 0  # (the thread's)
         self._since_checkpoint = 0  # commits (the loop's)
         self._writes_since_checkpoint = 0  # (the loop's)
-        self._lingered = 0  # loop iterations the pending batch has waited for company (`_flush`)
         self._last_batch = 0  # writes in the last batch that left `_pending` (committed here or handed over)
         # One transaction at a time on the writer's connection (the loop's or the thread's); guards `ops`, `commits`.
         self._lock = threading.Lock()
@@ -181,13 +180,12 @@ class SQLiteStore(Store):
         fut, loop = admit(self._submitted - self.ops, self._queue_size, self._notes, note)
         pending = self._pending
         if not pending:
-            self._lingered = 0
-            loop.call_soon(self._flush, 0)
+            loop.call_soon(self._flush, 0, 0)
         pending.append((fn, fut, loop))
         self._submitted += 1
         return fut
 
-    def _flush(self, seen: int = -1) -> None:
+    def _flush(self, seen: int = -1, lingered: int = 0) -> None:
         """Commit the writes made so far: here, or on the writer thread when it must or is busy (order kept).
 
         A commit costs about as much again as the inserts it holds (BEGIN, the WAL frames of every page it touched,
@@ -198,20 +196,20 @@ class SQLiteStore(Store):
         writer (one agent, c=1) does not wait: its batches hold one write (only the first write after a burst
         waits one iteration, for company that does not come). Nor does a batch wait while the writer thread is
         busy: it goes there, where it joins whatever queued behind it anyway. `seen` is how many writes were
-        pending when the last iteration scheduled this (-1: commit now, as `close` asks).
+        pending when the last iteration scheduled this (-1: commit now, as `close` asks), `lingered` how many
+        iterations the batch has waited so far.
         """
         pending = self._pending
         if (
             seen >= 0
             and self._last_batch > 1
-            and self._lingered < LINGER_ITERATIONS
+            and lingered < LINGER_ITERATIONS
             and len(pending) > seen
             and len(pending) < self.batch
             and self._inline
             and self._handed == self._thread_done
         ):
-            self._lingered += 1
-            asyncio.get_running_loop().call_soon(self._flush, len(pending))
+            asyncio.get_running_loop().call_soon(self._flush, len(pending), lingered + 1)
             return
         batch, self._pending = pending, []
         self._last_batch = len(batch)
@@ -232,9 +230,9 @@ class SQLiteStore(Store):
             self._since_checkpoint += 1
             self._writes_since_checkpoint += len(chunk)
             if (
-                self._since_checkpoint >= CHECKPOINT_EVERY
-                or self._writes_since_checkpoint >= CHECKPOINT_EVERY_WRITES
-            ) and self._checkpoints_asked == self._checkpoints_done:
+                _checkpoint_due(self._since_checkpoint, self._writes_since_checkpoint)
+                and self._checkpoints_asked == self._checkpoints_done
+            ):
                 self._since_checkpoint = self._writes_since_checkpoint = 0
                 self._checkpoints_asked += 1
                 self._queue.put_nowait(_CHECKPOINT)
@@ -298,7 +296,7 @@ class SQLiteStore(Store):
                 # on the thread never checkpointed again, and its WAL grew without bound.
                 thread_commits += 1
                 thread_writes += len(batch)
-                if thread_commits >= CHECKPOINT_EVERY or thread_writes >= CHECKPOINT_EVERY_WRITES:
+                if _checkpoint_due(thread_commits, thread_writes):
                     thread_commits = thread_writes = 0
                     if _wal_bytes(self.path) > WAL_LIMIT:
                         self._truncate_wal(self._conn)
@@ -438,6 +436,11 @@ class SQLiteStore(Store):
             return repo.token_bytes()
         finally:
             repo.conn.close()
+
+
+def _checkpoint_due(commits: int, writes: int) -> bool:
+    """Whether the WAL is due a look (a checkpoint; on the thread, its size) after these commits and writes."""
+    return commits >= CHECKPOINT_EVERY or writes >= CHECKPOINT_EVERY_WRITES
 
 
 def _wal_bytes(path: str) -> int:
