@@ -89,12 +89,12 @@ class StreamStripper:
             data = _IDS.sub(_IDS_NULL, data)
         # Whole-read checks (a read holds several events): find(), not `in`, which costs more on bytes. The markers
         # are structural: inside a JSON string every `"` is escaped, so text cannot hold them.
-        if self._usage and data.find(b'"choices":[]') >= 0:
-            data = _drop_events(data, b'"choices":[]', _is_usage_event)
-        if self._empty_deltas and data.find(b'"delta":{}') >= 0:
+        if self._usage and (at := data.find(b'"choices":[]')) >= 0:
+            data = _drop_events(data, b'"choices":[]', _is_usage_event, at)
+        if self._empty_deltas and (at := data.find(b'"delta":{}')) >= 0:
             # An empty delta that carries logprobs the client asked for is vLLM's too: it stays.
             drop = _is_id_only_delta if self._logprobs else _is_id_only_delta_without_logprobs
-            data = _drop_events(data, b'"delta":{}', drop)
+            data = _drop_events(data, b'"delta":{}', drop, at)
         if self._logprobs and data.find(b'"logprobs":{') >= 0:
             data = b"".join(_null_logprobs(ev) + b"\n\n" for ev in data.split(b"\n\n")[:-1])
         return data
@@ -123,11 +123,10 @@ def _is_id_only_delta_without_logprobs(ev: bytes) -> bool:
     return _is_id_only_delta(ev) and ev.find(b'"logprobs":{') < 0
 
 
-def _drop_events(data: bytes, marker: bytes, drop: Callable[[bytes], bool]) -> bytes:
-    """`data` (whole events) less the events that hold `marker` and that `drop` says go."""
+def _drop_events(data: bytes, marker: bytes, drop: Callable[[bytes], bool], at: int) -> bytes:
+    """`data` (whole events) less the events that hold `marker` (the first at `at`) and that `drop` says go."""
     kept: list[bytes] = []
     pos = 0  # the start of the event after the last one dropped
-    at = data.find(marker)
     while at >= 0:
         sep = data.rfind(b"\n\n", pos, at)
         start = sep + 2 if sep >= 0 else pos
