@@ -81,6 +81,9 @@ class Param:
     def parse(self, name: str, raw: str) -> Any:
         """`raw` as this parameter's type; a 400 naming the parameter otherwise."""
         if self.type == "string":
+            if "\x00" in raw:
+                # No backend's text can hold NUL (PostgreSQL refuses it): one rule for every string parameter.
+                raise BadRequest(f"query parameter {name!r} must not hold a NUL character", param=name)
             if self.enum and raw not in self.enum:
                 raise BadRequest(
                     f"query parameter {name!r} must be one of {', '.join(repr(e) for e in self.enum)}",

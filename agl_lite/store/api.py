@@ -44,6 +44,11 @@ _NUMBER = BeforeValidator(_json_number)
 """Goes after the field's bounds in its `Annotated`, or the OpenAPI document loses them."""
 
 
+TEXT = r"^[^\x00]*$"
+"""Free text the store keeps as text (a model's name and version, a step's response id): anything but NUL, which
+no backend's text holds (PostgreSQL refuses it)."""
+
+
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False)
 
@@ -147,7 +152,7 @@ class AgentEventIn(_In):
     value: float | None = Field(None, strict=True, description="The reward, for kind `reward`.")
     data: Any = None
     response_id: str | None = Field(
-        None, max_length=256, description="Rewards one step: the call's response id."
+        None, max_length=256, pattern=TEXT, description="Rewards one step: the call's response id."
     )
     choice: Annotated[int, Field(ge=0, le=2**31 - 1), _NUMBER] | None = Field(
         None, description="...and its choice index."
@@ -180,12 +185,12 @@ class ResourceIn(_In):
 
 
 class ModelIn(_In):
-    name: Annotated[str, Field(min_length=1, max_length=256)]
+    name: Annotated[str, Field(min_length=1, max_length=256, pattern=TEXT)]
     endpoints: list[Annotated[str, Field(pattern=ENDPOINT_PATTERN, max_length=2048)]] = Field(
         min_length=1, max_length=64
     )
-    version: Annotated[str, Field(min_length=1, max_length=256)]
-    served_model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    version: Annotated[str, Field(min_length=1, max_length=256, pattern=TEXT)]
+    served_model: Annotated[str, Field(min_length=1, max_length=256, pattern=TEXT)] | None = None
     """The name the endpoints serve the model under; absent: the route's own."""
 
     @field_validator("endpoints")
@@ -199,7 +204,7 @@ class ModelIn(_In):
 
 
 class ModelRemoveIn(_In):
-    name: Annotated[str, Field(min_length=1, max_length=256)]
+    name: Annotated[str, Field(min_length=1, max_length=256, pattern=TEXT)]
 
 
 class TripletsIn(_In):

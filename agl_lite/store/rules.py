@@ -9,6 +9,7 @@ not schedule.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 import uuid
@@ -308,6 +309,7 @@ class Store:
         bounds = (flt.reward_min, flt.reward_max, flt.created_after, flt.created_before)
         if any(b is not None and not math.isfinite(b) for b in bounds):
             raise BadRequest("reward and time bounds must be finite numbers")
+        _text(mode=flt.mode, group_id=flt.group_id, model_version=flt.model_version)
         return await self._read(lambda repo: repo.list_rollouts(flt))
 
     async def cancel(self, rollout_id: str, message: str | None = None) -> Rollout:
@@ -488,17 +490,27 @@ class Store:
                 f"rollout {rollout_id!r} is {status.value}: its agent key works only while it runs"
             )
         if (rollout_id, attempt_id) not in self._seen_attempts:
-            attempt = await self.start_attempt(rollout_id, attempt_id)
+            pair = (rollout_id, attempt_id)
+
+            def seen(attempt: Attempt) -> None:
+                # As the write commits, in commit order: an `update_attempt` that ends this attempt and commits
+                # after it takes the pair out again, whenever this caller resumes.
+                if attempt.status is AttemptStatus.RUNNING:
+                    if len(self._seen_attempts) > 100_000:
+                        self._seen_attempts.clear()  # a cache: the store stays the truth
+                    self._seen_attempts.add(pair)
+
+            attempt = await self._then_note(self._start_attempt_op(rollout_id, attempt_id), seen)
             if attempt.status is not AttemptStatus.RUNNING:
                 raise Forbidden(f"attempt {attempt_id!r} is {attempt.status.value}")
-            if len(self._seen_attempts) > 100_000:
-                self._seen_attempts.clear()  # a cache: the store stays the truth
-            self._seen_attempts.add((rollout_id, attempt_id))
 
     # --- attempts ------------------------------------------------------------------------------------------------
 
     async def start_attempt(self, rollout_id: str, attempt_id: str | None = None) -> Attempt:
         """A new attempt of a running rollout, within its cap; an id seen before returns that attempt."""
+        return await self._write(self._start_attempt_op(rollout_id, attempt_id))
+
+    def _start_attempt_op(self, rollout_id: str, attempt_id: str | None) -> Callable[[Repo], Attempt]:
         aid = _check_id("attempt", attempt_id) if attempt_id is not None else uuid.uuid4().hex
 
         def op(repo: Repo) -> Attempt:
@@ -532,7 +544,7 @@ class Store:
             repo.put_rollout(rollout, new=False)
             return attempt
 
-        return await self._write(op)
+        return op
 
     async def update_attempt(
         self,
@@ -558,8 +570,11 @@ class Store:
             repo.put_attempt(attempt, new=False)
             return attempt
 
-        self._seen_attempts.discard((rollout_id, attempt_id))
-        return await self._write(op)
+        # Out of the cache at once (a call from now on asks the store) and again as the write commits: a gate that
+        # saw the attempt running in a write committed before this one must not put it back afterwards.
+        pair = (rollout_id, attempt_id)
+        self._seen_attempts.discard(pair)
+        return await self._then_note(op, lambda _: self._seen_attempts.discard(pair))
 
     async def attempts(self, rollout_id: str) -> list[Attempt]:
         await self.get_rollout(rollout_id)
@@ -570,9 +585,12 @@ class Store:
     async def add_events(
         self, rollout_id: str, specs: Sequence[EventSpec], *, source: str = "admin"
     ) -> list[Event]:
-        """Append events; a `reward` event (numeric `data` or `{"value": n}`) sets the rollout's reward."""
+        """Append events. A `reward` event (numeric `data` or `{"value": n}`) that names no step sets the rollout's
+        reward when its source counts for it (`rollout_reward`); one naming a step (`response_id`) rewards that
+        step only. An agent's or grader's events are taken only while the rollout runs: their keys are checked
+        when a request's headers arrive, and its body can come long after."""
         self._check_batch(specs, "events")
-        rewards = [_reward_value(s) for s in specs if s.kind == REWARD_KIND]
+        rewards = [(_reward_value(s), _names_step(s)) for s in specs if s.kind == REWARD_KIND]
         for spec in specs:
             size = len(orjson.dumps(spec.data))
             if size > self.max_event_bytes:
@@ -584,6 +602,10 @@ class Store:
 
         def op(repo: Repo) -> tuple[list[Event], int]:
             rollout = _rollout(repo, rollout_id)
+            if source in ("agent", "grader") and rollout.status.terminal:
+                raise Forbidden(
+                    f"rollout {rollout_id!r} is {rollout.status.value}: its {source} key works only while it runs"
+                )
             now = time.time()
             seq = repo.last_event_seq(rollout_id)
             out = []
@@ -593,8 +615,9 @@ class Store:
                 event = Event(rollout_id, seq, spec.kind, spec.data, spec.attempt_id, source, now)
                 written += repo.add_event(event)
                 out.append(event)
-            if rewards:
-                rollout.reward = rewards[-1]
+            outcome = [value for value, step in rewards if not step]
+            if outcome and rollout_reward(source, rollout):
+                rollout.reward = outcome[-1]
                 repo.put_rollout(rollout, new=False)
             return out, written
 
@@ -628,6 +651,7 @@ class Store:
     ) -> list[Event]:
         """Events after `after_seq`: at most `limit`, and (`max_bytes`) no more than that many stored bytes but at
         least one, so that a page of large events never has to be held whole."""
+        _text(kind=kind)
         await self.get_rollout(rollout_id)
         return await self._read(lambda repo: repo.events(rollout_id, kind, after_seq, limit, max_bytes))
 
@@ -725,6 +749,7 @@ class Store:
         page as for `events`; `label=(key, value)` keeps the calls whose label `key` is `value`."""
         if label is not None and not LABEL_KEY.fullmatch(label[0]):
             raise BadRequest(f"invalid label key {label[0]!r}: use 1-64 of A-Z a-z 0-9 _ . -")
+        _text(attempt_id=attempt_id, label=label[1] if label is not None else None)
         return await self._read(
             lambda repo: repo.calls(rollout_id, attempt_id, after_order_key, limit, max_bytes, label)
         )
@@ -779,6 +804,7 @@ class Store:
         """Register (or replace) a model's endpoints and version; listeners learn of it before this returns, so
         a caller that resumes the gateway after a weight sync knows every new call goes to the new version.
         `served_model`: the name the endpoints serve it under, when it is not the route's own."""
+        _text(name=name, version=version, served_model=served_model)
         model = ModelRecord(name, list(endpoints), version, time.time(), served_model)
         await self._write(lambda repo: repo.put_model(model))
         for listener in self._model_listeners:
@@ -788,6 +814,7 @@ class Store:
     async def remove_model(self, name: str) -> ModelRecord:
         """Take a registration back (404 when there is none): the route falls back to its routes-file entry, or
         stops existing when it had none. Listeners learn of it before this returns."""
+        _text(name=name)
 
         def op(repo: Repo) -> ModelRecord:
             removed = repo.delete_model(name)
@@ -819,8 +846,33 @@ def _rollout(repo: Repo, rollout_id: str) -> Rollout:
     return rollout
 
 
+def _text(**values: str | None) -> None:
+    """A 400 for a string holding NUL: no backend's text holds one (PostgreSQL refuses it), so every backend
+    refuses it alike, whatever reaches the store (the HTTP API refuses it before)."""
+    for name, value in values.items():
+        if value is not None and "\x00" in value:
+            raise BadRequest(f"{name} must not hold a NUL character", param=name)
+
+
 def _reward_value(spec: EventSpec) -> float:
     value = spec.data.get("value") if isinstance(spec.data, dict) else spec.data
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadRequest("a reward event needs a numeric value: {'kind': 'reward', 'data': {'value': 1.0}}")
-    return float(value)
+    number = math.nan
+    if not isinstance(value, bool) and isinstance(value, int | float):
+        with contextlib.suppress(OverflowError):  # an integer past a double's range stays NaN: refused
+            number = float(value)
+    if not math.isfinite(number):
+        raise BadRequest(
+            "a reward event needs a finite numeric value: {'kind': 'reward', 'data': {'value': 1.0}}"
+        )
+    return number
+
+
+def _names_step(spec: EventSpec) -> bool:
+    """Whether a reward event rewards one step (a call's response id) rather than the rollout."""
+    return isinstance(spec.data, dict) and isinstance(spec.data.get("response_id"), str)
+
+
+def rollout_reward(source: str, rollout: Rollout) -> bool:
+    """Whether a reward from `source` counts for `rollout`: the admin's (the trainer's) and the grader's do, an
+    agent's only where its rollout trusts it. The triplets read rewards by the same rule (`triplets`)."""
+    return source in ("admin", "grader") or (source == "agent" and rollout.config.trust_agent_rewards)

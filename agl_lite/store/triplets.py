@@ -19,8 +19,17 @@ from typing import Any
 
 import orjson
 
-from agl_lite.store.records import CallOutcome, ChoiceRecord, Event, LLMCall, Rollout, shallow_json
-from agl_lite.store.rules import REWARD_KIND, Store
+from agl_lite.store.records import (
+    Attempt,
+    AttemptStatus,
+    CallOutcome,
+    ChoiceRecord,
+    Event,
+    LLMCall,
+    Rollout,
+    shallow_json,
+)
+from agl_lite.store.rules import REWARD_KIND, Store, rollout_reward
 
 __all__ = [
     "AttemptScope",
@@ -30,6 +39,7 @@ __all__ = [
     "Triplet",
     "TripletOptions",
     "build_triplets",
+    "final_attempt",
     "resolve_rewards",
     "rollout_triplets",
     "triplets_page",
@@ -179,17 +189,12 @@ class RolloutTriplets:
 # --- rewards -----------------------------------------------------------------------------------------------------
 
 
-def _authoritative(source: str, rollout: Rollout) -> bool:
-    """Admin (the trainer) and grader rewards count; an agent's only where its rollout trusts it."""
-    return source in ("admin", "grader") or (source == "agent" and rollout.config.trust_agent_rewards)
-
-
 def resolve_rewards(rollout: Rollout, events: Iterable[Event]) -> RewardInfo:
     """The last authoritative reward naming no step is the outcome; one naming a response id (+ choice) rewards
     that step. Events must come in their sequence order."""
     info = RewardInfo()
     for event in events:
-        if event.kind != REWARD_KIND or not _authoritative(event.source, rollout):
+        if event.kind != REWARD_KIND or not rollout_reward(event.source, rollout):
             continue
         data = event.data
         value = data.get("value") if isinstance(data, dict) else data
@@ -373,6 +378,24 @@ async def _reward_events(store: Store, rollout_id: str) -> list[Event]:
     return events
 
 
+def final_attempt(attempts: Sequence[Attempt]) -> Attempt:
+    """The attempt whose calls are the rollout's episode: the last one that succeeded; else the last one that
+    was not lost or cancelled (a failed, timed-out or running one: the agent's own end); else the last started.
+    An attempt that overlapped a later one (a pod the Job controller replaced while it ran on) can be the one
+    that succeeded: the later, lost one's calls are not the episode."""
+    by_seq = sorted(attempts, key=lambda a: a.seq)
+    for keep in (_SUCCEEDED, _THE_AGENTS):
+        chosen = [a for a in by_seq if a.status in keep]
+        if chosen:
+            return chosen[-1]
+    return by_seq[-1]
+
+
+_SUCCEEDED = frozenset({AttemptStatus.SUCCEEDED})
+_THE_AGENTS = frozenset({AttemptStatus.FAILED, AttemptStatus.TIMEOUT, AttemptStatus.RUNNING})
+"""Attempts that ended by the agent's own doing (or run on): not the infrastructure's (lost) nor a cancel's."""
+
+
 async def rollout_triplets(
     store: Store, rollout_id: str, options: TripletOptions = TripletOptions()
 ) -> RolloutTriplets:
@@ -382,7 +405,7 @@ async def rollout_triplets(
     info = resolve_rewards(rollout, await _reward_events(store, rollout_id))
     scope: str | None = None
     if options.attempts is AttemptScope.FINAL and attempts:
-        scope = max(attempts, key=lambda a: a.seq).id
+        scope = final_attempt(attempts).id
     calls: list[LLMCall] = []
     after = -1
     while page := await store.calls(rollout_id, scope, after, _PAGE):

@@ -228,7 +228,11 @@ async def test_trusted_agent_reward_counts_and_can_name_a_step(api: Api) -> None
         {"value": 1.0, "response_id": "chatcmpl-1", "choice": 1},
         "agent",
     )
-    assert (await api.store.get_rollout("r1")).reward == 1.0
+    assert (await api.store.get_rollout("r1")).reward is None  # one step's reward, not the rollout's
+    await api.call(
+        "POST", "/r/r1/a/a1/events", {"kind": "reward", "value": 0.5}, key=derive_key(ADMIN_KEY, "r1")
+    )
+    assert (await api.store.get_rollout("r1")).reward == 0.5
 
 
 async def test_agent_first_sight_upserts_its_attempt_within_the_cap(api: Api) -> None:

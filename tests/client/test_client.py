@@ -158,7 +158,7 @@ async def test_events_and_a_step_reward(client: AglLiteClient, gateway: Gateway)
     assert [(e.seq, e.kind) for e in await client.events("r1")] == [(1, "note"), (2, "reward")]
     assert [e.seq for e in await client.events("r1", kind="reward")] == [2]
     assert [e.seq for e in await client.events("r1", after_seq=1)] == [2]
-    assert (await client.get_rollout("r1")).reward == 0.5
+    assert (await client.get_rollout("r1")).reward is None  # one step's reward is not the rollout's
 
 
 async def test_follow_events_ends_once_the_rollout_is_terminal(

@@ -88,6 +88,7 @@ async def test_declared_parameters_arrive_typed_with_their_defaults() -> None:
         ("limit=0", "'limit' must be between 1 and 100"),
         ("limit=101", "'limit' must be between 1 and 100"),
         ("kind=c", "'kind' must be one of 'a', 'b'"),
+        ("kind=a%00", "'kind' must not hold a NUL character"),  # no backend's text holds one
         ("color=red", "unknown query parameter(s) ['color']; known: ['kind', 'limit']"),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from array import array
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -490,6 +491,83 @@ async def test_agent_gate_refuses_an_attempt_that_ended(store: Store) -> None:
     await store.update_attempt("r1", "pod-1", AttemptStatus.FAILED, exit_code=1)
     with pytest.raises(Forbidden, match="failed"):
         await store.agent_gate("r1", "pod-1")
+
+
+async def test_an_attempt_ended_while_its_first_call_was_let_in_stays_shut(store: Store) -> None:
+    """The agent's first request and the runner's verdict race: the gate saw the attempt running in a write
+    committed before the verdict's, and must not keep it open once the verdict is in."""
+    await running_rollout(store, max_attempts=2)
+    await store.start_attempt("r1", "pod-1")  # the runner's (admin): the gate has not seen it yet
+    await asyncio.gather(
+        store.agent_gate("r1", "pod-1"),
+        store.update_attempt("r1", "pod-1", AttemptStatus.TIMEOUT),
+        return_exceptions=True,
+    )
+    with pytest.raises(Forbidden, match="timeout"):
+        await store.agent_gate("r1", "pod-1")
+
+
+@pytest.mark.parametrize("source", ["agent", "grader"])
+async def test_an_agents_or_graders_events_come_only_while_the_rollout_runs(
+    store: Store, source: str
+) -> None:
+    """Their keys are checked when a request's headers arrive; its body may come after the rollout ended."""
+    await running_rollout(store, trust_agent_rewards=True)
+    await store.add_events("r1", [EventSpec("reward", {"value": 0.0})], source="admin")
+    await store.finish("r1", RolloutStatus.SUCCEEDED)
+    with pytest.raises(Forbidden, match="succeeded"):
+        await store.add_events("r1", [EventSpec("reward", {"value": 1.0})], source=source)
+    with pytest.raises(Forbidden, match="succeeded"):
+        await store.add_events("r1", [EventSpec("note", {"x": 1})], source=source)
+    assert (await store.get_rollout("r1")).reward == 0.0
+    await store.add_events("r1", [EventSpec("reward", {"value": 0.5})], source="admin")  # the trainer may
+    assert (await store.get_rollout("r1")).reward == 0.5
+
+
+async def test_only_a_reward_that_counts_for_the_rollout_sets_its_reward(store: Store) -> None:
+    await running_rollout(store)
+    await store.add_events("r1", [EventSpec("reward", {"value": 1.0})], source="admin")
+    step = {"value": 0.0, "response_id": "chatcmpl-x", "choice": 0}
+    await store.add_events(
+        "r1", [EventSpec("reward", step)], source="grader"
+    )  # one step's, not the rollout's
+    await store.add_events(
+        "r1", [EventSpec("reward", {"value": 9.0})], source="agent"
+    )  # an untrusted agent's
+    assert (await store.get_rollout("r1")).reward == 1.0
+    assert [r.id for r in await store.list_rollouts(RolloutFilter(reward_min=1.0))] == ["r1"]
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 10**400])
+async def test_a_reward_must_be_finite_on_every_backend(store: Store, value: float) -> None:
+    await running_rollout(store)
+    with pytest.raises(BadRequest, match="finite numeric value"):
+        await store.add_events("r1", [EventSpec("reward", {"value": value})])
+    assert (await store.get_rollout("r1")).reward is None
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda store, s: store.list_rollouts(RolloutFilter(mode=s)),
+        lambda store, s: store.list_rollouts(RolloutFilter(group_id=s)),
+        lambda store, s: store.list_rollouts(RolloutFilter(model_version=s)),
+        lambda store, s: store.events("r1", kind=s),
+        lambda store, s: store.calls("r1", s),
+        lambda store, s: store.calls("r1", None, label=("k", s)),
+        lambda store, s: store.put_model(s, ["http://127.0.0.1:1/v1"], "v1"),
+        lambda store, s: store.put_model("m", ["http://127.0.0.1:1/v1"], s),
+        lambda store, s: store.remove_model(s),
+    ],
+    ids=["mode", "group", "model_version", "kind", "attempt", "label", "model", "version", "remove"],
+)
+async def test_text_with_nul_is_refused_alike_by_every_backend(store: Store, read: Any) -> None:
+    """PostgreSQL's text cannot hold NUL: a 400 everywhere rather than a 500 there (and a model version that
+    would make every later call of the model fail to commit)."""
+    await running_rollout(store)
+    with pytest.raises(BadRequest, match="NUL"):
+        await read(store, "a\x00b")
+    assert await store.models() == []
 
 
 async def test_a_rollouts_token_total_is_read_once_however_many_ask_and_then_kept_by_the_writes(

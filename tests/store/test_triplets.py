@@ -9,9 +9,22 @@ from typing import Any
 import pytest
 
 from agl_lite.errors import BadRequest, NotFound
-from agl_lite.store.records import CallOutcome, ChoiceRecord, LLMCall, RolloutConfig
+from agl_lite.store.records import (
+    Attempt,
+    AttemptStatus,
+    CallOutcome,
+    ChoiceRecord,
+    LLMCall,
+    RolloutConfig,
+)
 from agl_lite.store.rules import EventSpec, RolloutSpec, Store
-from agl_lite.store.triplets import AttemptScope, RewardPolicy, TripletOptions, rollout_triplets
+from agl_lite.store.triplets import (
+    AttemptScope,
+    RewardPolicy,
+    TripletOptions,
+    final_attempt,
+    rollout_triplets,
+)
 
 
 def call(
@@ -105,6 +118,49 @@ async def test_only_the_final_attempt_counts_unless_all_are_asked_for(store: Sto
     assert ([t.attempt_id for t in final.triplets], final.attempt_ids) == (["a2"], ["a2"])
     every = await rollout_triplets(store, "r1", TripletOptions(attempts=AttemptScope.ALL))
     assert [t.attempt_id for t in every.triplets] == ["a1", "a2"]
+
+
+async def test_the_final_attempt_is_the_one_that_succeeded_not_a_later_lost_one(store: Store) -> None:
+    """A replacement pod that overlapped the one it replaced: the first succeeded, the later one was lost."""
+    await rollout(store, attempts=("a1", "a2"))
+    await store.add_call(call(1, "a1"))
+    await store.add_call(call(2, "a1"))
+    await store.add_call(call(3, "a2"))
+    await store.update_attempt("r1", "a1", AttemptStatus.SUCCEEDED)
+    await store.update_attempt("r1", "a2", AttemptStatus.LOST)
+    rt = await rollout_triplets(store, "r1")
+    assert (rt.attempt_ids, [t.order_key for t in rt.triplets]) == (["a1"], [1, 2])
+
+
+def attempt(seq: int, status: AttemptStatus) -> Attempt:
+    return Attempt(id=f"a{seq}", rollout_id="r1", seq=seq, started_at=0.0, status=status)
+
+
+@pytest.mark.parametrize(
+    ("statuses", "final"),
+    [
+        (["failed", "running"], "a2"),  # a retry under way
+        (["failed", "timeout"], "a2"),  # the agent's own failures: the last one
+        (["succeeded", "lost"], "a1"),
+        (["succeeded", "failed", "cancelled"], "a1"),
+        (["failed", "lost"], "a1"),  # the infrastructure lost the retry: the agent's last own end
+        (["lost", "cancelled"], "a2"),  # nothing of the agent's own: the last started
+    ],
+)
+def test_the_final_attempt_prefers_success_then_the_agents_own_end(statuses: list[str], final: str) -> None:
+    attempts = [attempt(i + 1, AttemptStatus(s)) for i, s in enumerate(statuses)]
+    assert final_attempt(list(reversed(attempts))).id == final
+
+
+async def test_a_step_reward_leaves_the_rollouts_reward_as_the_triplets_read_it(store: Store) -> None:
+    await rollout(store)
+    await store.add_call(call(1))
+    await store.add_events("r1", [EventSpec("reward", {"value": 1.0})], source="admin")
+    step = {"value": 0.0, "response_id": "resp-1", "choice": 0}
+    await store.add_events("r1", [EventSpec("reward", step)], source="grader")
+    await store.add_events("r1", [EventSpec("reward", {"value": 7.0})], source="agent")  # untrusted
+    rt = await rollout_triplets(store, "r1")
+    assert (await store.get_rollout("r1")).reward == rt.reward == 1.0
 
 
 async def test_the_last_authoritative_reward_is_the_rollouts_and_untrusted_agent_rewards_do_not_count(
