@@ -11,11 +11,13 @@ output goes into the attempt's message, with the rollout's keys redacted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import os
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -63,6 +65,23 @@ class SandboxError(ConfigError):
     """The namespaces cannot be set up on this machine."""
 
 
+def runs_parent() -> Path:
+    """The directory every local runner of this user keeps its attempts' directories in (`agl-runs-UID` in the
+    temp directory), created private. The sandbox masks it whole: no agent reads another runner's attempts (their
+    HOME, TMPDIR, results, an agent key an agent copied there), whether that runner still runs or crashed."""
+    path = Path(tempfile.gettempdir()) / f"agl-runs-{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        # Someone else's, a link, or opened up: attempts' directories must not go where another user reaches.
+        raise ConfigError(
+            f"{path} is not a private directory of this user (uid {os.geteuid()}, mode 0700): the local "
+            "runner keeps its attempts' directories there; remove it, or set TMPDIR elsewhere"
+        )
+    return path
+
+
 class LocalBackend:
     owns_retries = False
 
@@ -102,9 +121,9 @@ class LocalBackend:
             )
 
     def _base_dir(self) -> Path:
-        """The directory every attempt's own directories live under; masked as a whole inside the sandbox."""
+        """The directory this runner's attempts' directories live under (in `runs_parent()`)."""
         if self._base is None:
-            self._base = Path(tempfile.mkdtemp(prefix="agl-runs-"))
+            self._base = Path(tempfile.mkdtemp(prefix="runner-", dir=runs_parent()))
         return self._base
 
     def _spec(self, own: Sequence[Path], writable: Sequence[Path]) -> dict[str, Any]:
@@ -113,7 +132,9 @@ class LocalBackend:
             private += [path, *(path.with_name(path.name + side) for side in SQLITE_SIDE_FILES)]
         return {
             "own": [str(p) for p in (*own, *writable)],
-            "mask_dirs": [str(self._base_dir())],
+            # Every runner's of this user, its own included, live or left behind by a crash: only the step's own
+            # directories are bound back.
+            "mask_dirs": [str(self._base_dir().parent)],
             "mask_files": sorted({str(p) for p in private if p.is_file()}),
             "runner_pid": os.getpid(),
         }

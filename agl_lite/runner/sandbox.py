@@ -24,6 +24,7 @@ CANNOT_EXEC = 127
 """Exit code when the command could not be started (as a shell reports it)."""
 
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWIPC = 0x08000000
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWPID = 0x20000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
@@ -81,10 +82,13 @@ def _write(path: str, text: str) -> None:
 
 
 def _enter_namespaces() -> None:
-    """New user (the same uid and gid inside), mount and PID namespaces; this process's next child is PID 1."""
+    """New user (the same uid and gid inside), mount, PID and IPC namespaces; this process's next child is PID 1.
+    (IPC: System V shared memory, semaphores and message queues of the attempt's own, gone with it, and none of
+    another attempt's to meet in.)"""
     uid, gid = os.geteuid(), os.getegid()
     _check(
-        _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID), "unshare (user namespaces disabled?)"
+        _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC),
+        "unshare (user namespaces disabled?)",
     )
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"{uid} {uid} 1\n")
@@ -122,13 +126,28 @@ def _drop_privileges() -> None:
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
+def close_inherited(keep: int = -1) -> None:
+    """Close every file descriptor from 3 up but `keep`: a command gets stdin, stdout and stderr only. (Whatever
+    its parent held open: init's report pipe, a descriptor a forking parent's loop left without close-on-exec,
+    the gateway's own stderr, which a fork server's step would otherwise inherit.)"""
+    try:
+        open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        open_fds = list(range(3, 1024))
+    for fd in open_fds:
+        if fd > 2 and fd != keep:
+            with contextlib.suppress(OSError):  # (the listing's own descriptor is closed already)
+                os.close(fd)
+
+
 def _exec(argv: list[str], report: int, run: Run | None) -> NoReturn:
     try:
         os.setsid()  # signals reach it through init, which forwards them to every process of the attempt
         _drop_privileges()
         if run is not None:
-            os.close(report)
+            close_inherited()  # (no exec here to close what is close-on-exec)
             run(argv)
+        close_inherited(keep=report)  # (close-on-exec: gone if the exec succeeds, said on if it fails)
         os.execvpe(argv[0], argv, os.environ)
     except SetupError as exc:
         os.write(report, json.dumps({"setup": str(exc)}).encode())

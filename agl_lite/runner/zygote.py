@@ -121,6 +121,9 @@ def _child(sock: socket.socket, out: int) -> NoReturn:
         os.close(devnull)
         request = _read_request(sock)
         sock.close()
+        # Nothing of this server's reaches a step: its stdio's copies (the gateway's own stderr among them), the
+        # descriptors a preloaded module opened.
+        sandbox.close_inherited()
     except Exception as exc:
         os.write(2, f"agl-lite sandbox: the fork server could not start the step: {exc!r}\n".encode())
         os._exit(sandbox.SETUP_FAILED)

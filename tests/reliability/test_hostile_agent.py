@@ -9,6 +9,7 @@ with `isolation = "none"` finds the other rollout's grader key: the scan is not 
 from __future__ import annotations
 
 import os
+import pwd
 import secrets
 import shutil
 import sys
@@ -31,10 +32,19 @@ from tests.runner.probe import Probe, exited, marked_pids, running_probe
 HOSTILE = r"""
 import sys
 forked = "xml.dom.minidom" in sys.modules  # preloaded by the fork server only
-import json, os, re, subprocess, urllib.request
+import os
+inherited = []  # descriptors it was handed beyond stdio (a report pipe to forge its exit with, a log to write in)
+for fd in range(3, 1024):
+    try:
+        os.fstat(fd)
+    except OSError:
+        continue
+    inherited.append(fd)
+import json, re, subprocess, urllib.request
 task = json.loads(os.environ["AGL_TASK_INPUT"])
 loot = bytearray()
-stats = {"pids": 0, "files": 0, "mem_bytes": 0, "forked": forked}
+stats = {"pids": 0, "files": 0, "mem_bytes": 0, "forked": forked, "fds": inherited}
+stats["ipc"] = os.readlink("/proc/self/ns/ipc")  # System V objects it makes, seen by whom
 
 def grab(path, limit=4 << 20):
     try:  # non-blocking: a pipe or a FIFO would hold the scan forever
@@ -102,6 +112,10 @@ with open(os.path.join(task["loot"], "stats.json"), "w") as f:
 WAITING_GRADER = 'curl -sf "$PROBE/started/grader" >/dev/null'
 
 
+def _gateway_uid(user: str) -> int:
+    return pwd.getpwnam("nobody").pw_uid if user == "unprivileged" and os.geteuid() == 0 else os.geteuid()
+
+
 @dataclass
 class Found:
     loot: bytes
@@ -119,6 +133,7 @@ async def _attack(
     """Rollout B (graded: its grader holds its key while it waits on the probe), then the hostile rollout A; what
     A read, and B's secrets to look for in it."""
     top = Path(tempfile.mkdtemp(prefix="agl-hostile-"))
+    other: Path | None = None
     os.chmod(top, 0o755)
     loot_dir = top / "loot"
     loot_dir.mkdir()
@@ -177,6 +192,14 @@ async def _attack(
                     ]
                 )
                 await probe.wait_started("grader")  # B's grader runs, with B's grader key in its env
+                # Another runner of the same user: its attempts' directories, with a secret in one of them.
+                runs = Path(tempfile.gettempdir()) / f"agl-runs-{_gateway_uid(user)}"
+                assert runs.is_dir()  # (the gateway's runner made it at start-up)
+                other = Path(tempfile.mkdtemp(prefix="runner-", dir=runs))
+                other_secret = "ANOTHER-RUNNERS-ATTEMPT-" + secrets.token_hex(8)
+                (other / "notes").write_text(other_secret)
+                if user == "unprivileged" and os.geteuid() == 0:
+                    _chown_tree(other, "nobody", "nogroup")
                 task = {
                     "loot": str(loot_dir),
                     "marker": probe.marker,
@@ -185,8 +208,11 @@ async def _attack(
                     "db": str(top / "agl.db"),
                     "grader_script": str(top / "grader.sh"),
                     "targets": [
-                        str(top / n)
-                        for n in ("agl.db", "agl.db-wal", "agl.db-shm", "agl-lite.toml", "admin.key")
+                        *(
+                            str(top / n)
+                            for n in ("agl.db", "agl.db-wal", "agl.db-shm", "agl-lite.toml", "admin.key")
+                        ),
+                        str(other / "notes"),
                     ],
                 }
                 (a,) = await client.enqueue(
@@ -212,6 +238,7 @@ async def _attack(
             "B's grader key": derive_key(admin_key, b.id, KeyRole.GRADER),
             "B's agent key": derive_key(admin_key, b.id, KeyRole.AGENT),
             "B's reference answer": b_reference,
+            "another runner's attempt": other_secret,
             "A's own agent key": derive_key(admin_key, a.id, KeyRole.AGENT),
         }
         return found, wanted
@@ -219,6 +246,8 @@ async def _attack(
         for pid in marked_pids(probe.marker):  # a daemon the unconfined control run left behind
             os.kill(pid, 9)
         shutil.rmtree(top, ignore_errors=True)
+        if other is not None:
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def _chown_tree(top: Path, user: str, group: str) -> None:
@@ -258,6 +287,8 @@ async def test_a_hostile_local_agent_reaches_no_key_no_other_rollout_and_leaves_
     assert leaked == []
     assert found.stats["pids"] <= 4  # its own: the sandbox's init, itself, its daemon (and its `setsid`)
     assert found.stats["tampered"] is False  # nor the grader's program
+    assert found.stats["fds"] == []  # stdio only: no report pipe to forge its exit status, no log to write in
+    assert found.stats["ipc"] != os.readlink("/proc/self/ns/ipc")  # its System V objects are its attempt's
     for pid in found.daemon_pids:
         await exited(pid)
 
@@ -268,6 +299,7 @@ async def test_without_the_sandbox_the_same_agent_finds_another_rollouts_grader_
 ) -> None:
     found, wanted = await _attack(user, "none", probe, key_in_file=False)
     assert wanted["B's grader key"].encode() in found.loot
+    assert wanted["another runner's attempt"].encode() in found.loot
     assert found.stats["tampered"] is True
     assert (
         wanted["admin key"].encode() not in found.loot
