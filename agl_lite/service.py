@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import signal
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -58,10 +58,16 @@ async def check_config(config: GatewayConfig) -> Gateway:
 
 
 @asynccontextmanager
-async def running_gateway(config: GatewayConfig, extra_addons: Sequence[Any] = ()) -> AsyncIterator[Gateway]:
-    """Start the gateway (port 0 gives a free port, in `gateway.port`) and stop it on exit."""
+async def running_gateway(
+    config: GatewayConfig,
+    extra_addons: Sequence[Any] = (),
+    *,
+    configured: Callable[[], None] | None = None,
+) -> AsyncIterator[Gateway]:
+    """Start the gateway (port 0 gives a free port, in `gateway.port`) and stop it on exit; `configured` as in
+    `Gateway.start`."""
     gateway = build_gateway(config, extra_addons)
-    await gateway.start()
+    await gateway.start(configured=configured)
     try:
         yield gateway
     finally:
@@ -75,9 +81,9 @@ async def serve(config: GatewayConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with running_gateway(config):
-        # The keys are read (every addon is configured): from here on no other process can read them from us.
-        protect_process()
+    # Once the keys are read (every addon configured), and before the runner can start an agent: from then on no
+    # other process can read them from us.
+    async with running_gateway(config, configured=protect_process):
         # Everything allocated at start-up lives as long as the process: keep it out of the collector's scans,
         # which otherwise show up as 50 ms full collections in the p99 under load (measured in bench/).
         gc.collect()

@@ -12,6 +12,7 @@ import json
 import logging
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -119,8 +120,10 @@ class Gateway:
             auto_decompress=False,  # `core.encoding` decodes, with the size cap on the decoded bytes
         )
 
-    async def start(self) -> int:
-        """Bind, configure the addons, serve, and fire `running`; returns the bound port.
+    async def start(self, *, configured: Callable[[], None] | None = None) -> int:
+        """Bind, configure the addons, serve, and fire `running`; returns the bound port. `configured` runs once
+        every addon is configured (every key read), before anything serves or starts: the process's protection
+        (`key_source.protect_process`) goes there, so that no agent a `running` hook starts finds it open.
 
         The socket is bound first so that with port 0 the addons are configured with the real port
         (`config.public_url` is what agents are told).
@@ -139,6 +142,8 @@ class Gateway:
                 self.config = replace(self.config, server=replace(self.config.server, port=self.port))
             await self.addons.load()
             await self.addons.configure(self.config)
+            if configured is not None:
+                configured()
             await self.upstream.start()
             # `stop` waits for the flows itself; aiohttp's own wait is for what is left after they were cut.
             self._runner = web.ServerRunner(self.make_server(), shutdown_timeout=_AIOHTTP_SHUTDOWN_S)

@@ -375,6 +375,31 @@ async def test_a_failing_running_hook_stops_the_gateway_and_frees_its_port(tmp_p
         probe.bind(("127.0.0.1", gateway.port))
 
 
+class _Order:
+    """Records the order of the lifecycle: configured, the `configured` callback, running."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def configure(self, config: Any, options: Any) -> None:
+        self.seen.append("configure")
+
+    def running(self) -> None:
+        self.seen.append("running")
+
+
+async def test_configured_runs_once_every_addon_is_configured_and_before_any_runs(tmp_path: Path) -> None:
+    """Where `serve` makes the process non-dumpable and wipes its keys: before a `running` hook (the runner's)
+    can start an agent that would read them."""
+    order = _Order()
+    gateway = build_gateway(write_config(tmp_path, {"m": ["http://127.0.0.1:9/v1"]}), [order])
+    await gateway.start(configured=lambda: order.seen.append("configured"))
+    try:
+        assert order.seen == ["configure", "configured", "running"]
+    finally:
+        await gateway.stop()
+
+
 def _route_state(gw: Any) -> Any:
     return next(a.addon for a in gw.addons.addons if a.name == "route")
 
