@@ -17,7 +17,7 @@ from multidict import CIMultiDict
 from agl_lite.capture.client_view import CLIENT_VIEW, ClientView
 from agl_lite.core.config import GatewayConfig, option
 from agl_lite.core.contract import ATTRIBUTED_PREFIX
-from agl_lite.core.flow import Flow, Response, WholeBody
+from agl_lite.core.flow import Flow, Refuse, Response, WholeBody
 from agl_lite.core.routes import HttpRoute, RouteKind, Scope, model_api_routes
 from agl_lite.translate.anthropic import (
     MessageBuilder,
@@ -152,6 +152,11 @@ class Anthropic:
             return
         if resp.status >= 300:
             resp.transforms.append(WholeBody(partial(reshape_error, resp.status)))
+            return
+        encoding = resp.headers.get("Content-Encoding", "identity").lower()
+        if encoding != "identity":  # (the core asked for identity) bytes no translation can read
+            message = f"the upstream answered with Content-Encoding {encoding}".encode()
+            resp.transforms.append(Refuse(502, reshape_error(502, message)))
             return
         if name in _COUNT:
             resp.transforms.append(WholeBody(token_count_body))

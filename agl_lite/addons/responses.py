@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 from agl_lite.capture.client_view import CLIENT_VIEW, ClientView
-from agl_lite.core.flow import Flow, WholeBody, json_response
+from agl_lite.core.flow import Flow, Refuse, WholeBody, json_response
 from agl_lite.core.routes import RouteKind, model_api_routes
 from agl_lite.core.services import LoadContext
 from agl_lite.errors import BadRequest, NotFound, ServiceUnavailable
@@ -23,6 +23,7 @@ from agl_lite.translate.responses import (
     ResponseBuilder,
     StreamTranslator,
     Translated,
+    error_body,
     new_response_id,
     reshape_error,
     response_body,
@@ -143,6 +144,11 @@ class Responses:
             return
         if resp.status >= 300:
             resp.transforms.append(WholeBody(partial(reshape_error, resp.status)))
+            return
+        encoding = resp.headers.get("Content-Encoding", "identity").lower()
+        if encoding != "identity":  # (the core asked for identity) bytes no translation can read
+            message = f"the upstream answered with Content-Encoding {encoding}"
+            resp.transforms.append(Refuse(502, error_body(502, message)))
             return
         view = flow.metadata.get(CLIENT_VIEW)
         translated: Any = flow.metadata.get(_REQUEST)

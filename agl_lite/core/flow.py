@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from agl_lite.core.routes import HttpRoute
 
 __all__ = [
+    "BodyRefused",
     "Flow",
+    "Refuse",
     "Request",
     "Response",
     "Tap",
@@ -49,6 +51,34 @@ class Transform(Protocol):
     def flush(self) -> bytes:
         """Bytes still owed to the client when the upstream body ends (before the final bytes are written)."""
         ...
+
+
+class BodyRefused(Exception):
+    """Raised by a `WholeBody` conversion whose upstream body is not what it converts (a translation given HTML, a
+    `204`, a JSON that is no completion): the client gets `status` with `body` (JSON) in place of the upstream's
+    status, headers and body."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+        self.body = body
+
+
+class Refuse:
+    """Transform for a body no conversion can read (encoded, say): nothing of it is kept or passed on, and at its
+    end the client gets `status` with `body` instead (`BodyRefused`)."""
+
+    __slots__ = ("_body", "_status")
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self._status = status
+        self._body = body
+
+    def __call__(self, chunk: bytes) -> bytes:
+        return b""
+
+    def flush(self) -> bytes:
+        raise BodyRefused(self._status, self._body)
 
 
 class WholeBody:

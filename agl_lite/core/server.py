@@ -28,6 +28,7 @@ from agl_lite.core.config import GatewayConfig
 from agl_lite.core.encoding import decode_body
 from agl_lite.core.fdlimit import raise_nofile
 from agl_lite.core.flow import (
+    BodyRefused,
     Flow,
     Request,
     Response,
@@ -412,14 +413,24 @@ class Gateway:
                         flow.bytes_to_client += len(pending)
                         await out.write(pending)
                     pending = chunk
-            final = flush_transforms(transforms) if transforms else b""
+            refused: BodyRefused | None = None
+            try:
+                final = flush_transforms(transforms) if transforms else b""
+            except (
+                BodyRefused
+            ) as exc:  # a conversion that cannot take this body: its error, not the upstream's
+                final, refused = b"", exc
             if not ended:
                 ended = True
                 await self.addons.response_end(flow)
                 if flow.error is not None:
                     return await self._refuse(request, flow, out, flushed=True)
+            if refused is not None:
+                return await self._answer_refused(request, flow, out, refused)
             if pending:
                 final = pending + final
+            if response.status in _NO_BODY:
+                final = b""  # whatever a transform made of it: a body here would be read as the next response
             if not out.prepared:
                 await out.prepare(request)
             flow.bytes_to_client += len(final)
@@ -461,6 +472,27 @@ class Gateway:
             if request.transport is not None:
                 request.transport.close()
             return out
+
+    async def _answer_refused(
+        self, request: web.BaseRequest, flow: Flow, out: web.StreamResponse, refused: BodyRefused
+    ) -> web.StreamResponse:
+        """A whole-body conversion refused the upstream's body: the client gets its status and JSON body, with
+        none of the upstream's headers (its Content-Type, its Content-Encoding)."""
+        response = flow.response
+        assert response is not None
+        response.status = refused.status
+        if (
+            out.prepared
+        ):  # (a transform before it sent bytes already: a body whose status left cannot say more)
+            if request.transport is not None:
+                request.transport.close()
+            return out
+        answer = web.Response(
+            status=refused.status, body=refused.body, headers={"Content-Type": "application/json"}
+        )
+        await answer.prepare(request)
+        flow.bytes_to_client += len(refused.body)
+        return answer
 
     async def _fail_mid_response(
         self, request: web.BaseRequest, flow: Flow, out: web.StreamResponse, err: HttpError, ended: bool
@@ -573,6 +605,10 @@ class _MalformedRequests(logging.Filter):
 
 _PROTOCOL_LOG = logging.getLogger("agl_lite.http")
 _PROTOCOL_LOG.addFilter(_MalformedRequests())
+
+
+_NO_BODY = frozenset({204, 304})
+"""Statuses no body may follow (HTTP/1.1 framing): the client reads the next response right after the headers."""
 
 
 class _RelayResponse(web.StreamResponse):

@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
+from agl_lite.addons import DEFAULT_CHAIN
 from agl_lite.addons.capture import Capture
 from agl_lite.core.flow import Flow
 from agl_lite.errors import ConfigError
@@ -727,3 +728,47 @@ async def test_a_stream_to_an_http_1_0_client_is_sent_unframed_and_ends_with_the
     assert head.startswith(b"HTTP/1.0 200") or head.startswith(b"HTTP/1.1 200")
     assert b"transfer-encoding" not in head.lower()
     assert payload == chunk("one") + chunk("two") + chunk("three") + b"data: [DONE]\n\n"
+
+
+_NOT_A_COMPLETION: dict[str, Callable[[], web.Response]] = {
+    "204": lambda: web.Response(status=204),
+    "html": lambda: web.Response(body=b"<html>busy</html>", content_type="text/html"),
+    "gzip": lambda: web.Response(
+        body=gzip.compress(b'{"choices": []}'),
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    ),
+    "json, no completion": lambda: web.json_response({"choices": [{"index": 0}]}),
+}
+_TRANSLATED = {
+    "/v1/messages": {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/responses": {"model": "m", "input": "hi"},
+}
+
+
+@pytest.mark.parametrize("path", list(_TRANSLATED))
+@pytest.mark.parametrize("answer", list(_NOT_A_COMPLETION))
+async def test_a_translated_call_whose_upstream_answer_is_no_completion_gets_a_502_json(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory, path: str, answer: str
+) -> None:
+    """The translation's error with the upstream's status and headers went out: a JSON body after a 204 (read by
+    the client as the start of its next response), an error under `text/html` or `Content-Encoding: gzip`."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        return _NOT_A_COMPLETION[answer]()
+
+    base = await upstream(handler)
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}", "anthropic-version": "2023-06-01"}
+    async with (
+        gateway_factory({"m": [base]}, chain=DEFAULT_CHAIN, addons={"store": {"path": "agl.db"}}) as gw,
+        aiohttp.ClientSession(auto_decompress=False) as session,
+    ):
+        for _ in range(2):  # the second call on the same kept-alive connection reads a response of its own
+            async with session.post(gateway_url(gw) + path, json=_TRANSLATED[path], headers=headers) as r:
+                body = json.loads(await r.read())
+                assert (r.status, r.headers["Content-Type"], r.headers.get("Content-Encoding")) == (
+                    502,
+                    "application/json",
+                    None,
+                )
+                assert "error" in body

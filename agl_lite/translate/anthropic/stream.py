@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from agl_lite.capture.client_view import ClientView
+from agl_lite.core.flow import BodyRefused
 from agl_lite.core.jsoncodec import loads_or_none
 from agl_lite.errors import HttpError
 from agl_lite.translate.anthropic.errors import error_event, error_status, reshape_error
@@ -120,8 +121,8 @@ def message_body(raw: bytes, builder: MessageBuilder, view: ClientView) -> bytes
     obj = loads_or_none(raw)
     choices = obj.get("choices") if isinstance(obj, dict) else None
     choice = next((c for c in choices or () if isinstance(c, dict) and c.get("index", 0) == 0), None)
-    if not isinstance(obj, dict) or choice is None:
-        return reshape_error(502, b"the upstream's answer is not a chat completion")
+    if not isinstance(obj, dict) or choice is None or not isinstance(choice.get("message"), dict):
+        raise BodyRefused(502, reshape_error(502, b"the upstream's answer is not a chat completion"))
     model = obj.get("model")
     builder.start(model if isinstance(model, str) else None)
     message = choice.get("message")
@@ -149,5 +150,5 @@ def token_count_body(raw: bytes) -> bytes:
     if not isinstance(count, int) and isinstance(obj, dict) and isinstance(obj.get("tokens"), list):
         count = len(obj["tokens"])
     if not isinstance(count, int):
-        return reshape_error(502, b"the upstream's /tokenize answer holds no count")
+        raise BodyRefused(502, reshape_error(502, b"the upstream's /tokenize answer holds no count"))
     return orjson.dumps({"input_tokens": count})

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from agl_lite.capture.client_view import ClientView
+from agl_lite.core.flow import BodyRefused
 from agl_lite.core.jsoncodec import loads_or_none
 from agl_lite.errors import HttpError
 from agl_lite.translate.chunks import ChatChunks
@@ -124,7 +125,9 @@ class StreamTranslator:
 def response_body(raw: bytes, builder: ResponseBuilder, view: ClientView) -> bytes:
     """A whole chat completion (choice 0) as the Response; the view gets the Response too."""
     obj = loads_or_none(raw)
-    if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list) or not obj["choices"]:
-        return error_body(502, "the upstream's answer is not a chat completion")
+    choices = obj.get("choices") if isinstance(obj, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    if not isinstance(first, dict) or not isinstance(first.get("message"), dict):
+        raise BodyRefused(502, error_body(502, "the upstream's answer is not a chat completion"))
     view.response = builder.whole(obj)
     return orjson.dumps(view.response)

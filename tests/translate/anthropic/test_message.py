@@ -9,6 +9,7 @@ import pytest
 from anthropic.types import Message
 
 from agl_lite.capture.client_view import ClientView
+from agl_lite.core.flow import BodyRefused
 from agl_lite.translate.anthropic.message import MessageBuilder, new_message_id, stop_reason
 from agl_lite.translate.anthropic.stream import message_body
 
@@ -204,7 +205,12 @@ def test_whole_chat_completion_stopped_by_a_stop_sequence_and_old_reasoning_name
 
 def test_a_body_that_is_no_chat_completion_becomes_an_api_error_object() -> None:
     view = ClientView("messages", b"{}", "msg_7")
-    body = json.loads(message_body(b"<html>", MessageBuilder("msg_7", "m", emit=False), view))
+    with pytest.raises(
+        BodyRefused
+    ) as refused:  # the client gets a 502, not the upstream's status and headers
+        message_body(b"<html>", MessageBuilder("msg_7", "m", emit=False), view)
+    assert refused.value.status == 502
+    body = json.loads(refused.value.body)
     assert body["type"] == "error"
     assert body["error"]["type"] == "api_error"
     assert view.response is None
