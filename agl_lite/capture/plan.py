@@ -18,9 +18,19 @@ NOTHING = Strip()
 """Nothing injected: nothing to strip."""
 
 
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+"""The strings pydantic's lax booleans read as true, in any case (and not stripped): what vLLM's request parsing
+takes for `true`."""
+
+
 def asked(value: Any) -> bool:
-    """Whether a client's boolean option is on, as vLLM's (lax) request parsing would read it."""
-    return value is True or value == 1 or (isinstance(value, str) and value.strip().lower() in ("true", "1"))
+    """Whether a client's boolean option is on, as vLLM's (lax, pydantic) request parsing reads it: `true`, the
+    numbers 1 and 1.0, and `"yes"`, `"on"`, `"t"`... in any case."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return value == 1
+    return isinstance(value, str) and value.lower() in _TRUE
 
 
 def plan(
@@ -30,7 +40,7 @@ def plan(
     added: dict[str, Any] = {}
     if not asked(body.get("return_token_ids")):
         added["return_token_ids"] = True
-    if body.get("stream") is True:  # vLLM rejects stream_options on a non-streamed request
+    if asked(body.get("stream")):  # vLLM rejects stream_options on a non-streamed request
         so = body.get("stream_options")
         if not (isinstance(so, dict) and asked(so.get("include_usage"))):
             options = {**so, "include_usage": True} if isinstance(so, dict) else {"include_usage": True}

@@ -15,6 +15,7 @@ import structlog
 
 from agl_lite.capture.assemble import Assembly, Collector, error_message
 from agl_lite.capture.client_view import ClientView, apply_client_view
+from agl_lite.capture.plan import asked
 from agl_lite.capture.strip import Strip
 from agl_lite.core.flow import Flow, Request
 from agl_lite.core.jsoncodec import loads_or_none
@@ -168,7 +169,7 @@ def _bare(flow: Flow, call: CallState, outcome: CallOutcome, error: str | None) 
         model=md.get("route.model"),
         upstream=flow.upstream.name if flow.upstream is not None else None,
         model_version=md.get("route.model_version"),
-        stream=request.get("stream") is True
+        stream=asked(request.get("stream"))
         if isinstance(request, dict)
         else resp is not None and resp.is_event_stream,
         request=request,

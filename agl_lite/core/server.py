@@ -345,7 +345,9 @@ class Gateway:
             status=up.status,
             headers=filter_headers(up.headers.items()),
             from_upstream=True,
-            is_event_stream=ctype.startswith("text/event-stream"),
+            is_event_stream=ctype.lstrip()
+            .lower()
+            .startswith("text/event-stream"),  # (media types ignore case)
         )
         await self.addons.response_headers(flow)
         out = _RelayResponse(status=response.status, headers=response.headers)
@@ -460,7 +462,12 @@ class Gateway:
                 path=request.path,
                 error=err.message,
                 bytes_to_client=flow.bytes_to_client,
+                after_done=ended,
             )
+            if ended and pending is not None and response.is_event_stream:
+                # After `[DONE]`, its record committed: the stream is whole. Only its end was held (for the
+                # commit, then for the upstream's end of body, which did not come): the client gets it.
+                return await self._end_held(request, flow, out, pending)
             return await self._fail_mid_response(request, flow, out, err, ended)
         except Exception as exc:
             up.close()
@@ -472,6 +479,20 @@ class Gateway:
             if request.transport is not None:
                 request.transport.close()
             return out
+
+    async def _end_held(
+        self, request: web.BaseRequest, flow: Flow, out: web.StreamResponse, held: bytes
+    ) -> web.StreamResponse:
+        """End the client's stream with the bytes held from `[DONE]` on (and what the transforms still owe)."""
+        response = flow.response
+        assert response is not None
+        final = _through(response.transforms, b"") if response.transforms else b""
+        if not out.prepared:
+            await out.prepare(request)
+        flow.bytes_to_client += len(held) + len(final)
+        with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+            await out.write_eof(held + final)
+        return out
 
     async def _answer_refused(
         self, request: web.BaseRequest, flow: Flow, out: web.StreamResponse, refused: BodyRefused

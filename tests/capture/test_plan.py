@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import TypeAdapter, ValidationError
 
 from agl_lite.capture.plan import NOTHING, asked, plan
 from agl_lite.capture.strip import Strip
@@ -51,17 +52,40 @@ def test_injected_logprobs_are_stripped_and_the_clients_own_are_not() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "on"),
+    "value",
     [
-        (True, True),
-        (1, True),
-        (" TRUE ", True),
-        ("1", True),
-        (False, False),
-        (0, False),
-        (None, False),
-        (2, False),
+        True,
+        1,
+        1.0,
+        "1",
+        "TRUE",
+        "yes",
+        "On",
+        "t",
+        "Y",
+        " TRUE ",
+        False,
+        0,
+        0.0,
+        None,
+        2,
+        0.5,
+        "2",
+        "nope",
+        [],
+        {},
     ],
 )
-def test_a_boolean_option_is_read_as_vllms_lax_parsing_reads_it(value: Any, on: bool) -> None:
+def test_a_boolean_option_is_read_as_vllms_lax_parsing_reads_it(value: Any) -> None:
+    """vLLM reads its request with pydantic (lax): `"yes"` streams, `2` is refused (then vLLM answers 400)."""
+    try:
+        on = TypeAdapter(bool).validate_python(value)
+    except ValidationError:
+        on = False
     assert asked(value) is on
+
+
+def test_a_stream_asked_for_in_vllms_lax_way_gets_its_usage_asked_for_too() -> None:
+    added, strip = plan({"stream": "yes"}, "chat", logprobs=False, top_logprobs=0)
+    assert added["stream_options"] == {"include_usage": True}
+    assert strip.usage

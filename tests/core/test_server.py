@@ -772,3 +772,59 @@ async def test_a_translated_call_whose_upstream_answer_is_no_completion_gets_a_5
                     None,
                 )
                 assert "error" in body
+
+
+async def test_an_event_stream_is_one_whatever_the_case_of_its_media_type(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
+) -> None:
+    """`Text/Event-Stream` is `text/event-stream` (media types ignore case): relayed, captured and stripped as
+    a stream, not read as a plain body."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "Text/Event-Stream; charset=utf-8"})
+        await resp.prepare(request)
+        await resp.write(chunk("hi"))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    base = await upstream(handler)
+    async with gateway_factory({"m": [base]}) as gw, aiohttp.ClientSession() as session:
+        async with session.post(
+            gateway_url(gw) + "/v1/chat/completions",
+            json={"model": "m", "messages": [], "stream": True},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        ) as r:
+            await r.read()
+            assert (r.status, r.headers.get("X-Accel-Buffering")) == (200, "no")
+
+
+async def test_a_stream_whose_upstream_never_ends_its_body_after_done_still_ends_for_the_client(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
+) -> None:
+    """`[DONE]` waits for the commit and then for the upstream's end of body; when that end never comes (the
+    read times out), the record says `ok` and the client must get its whole stream too, not a cut connection."""
+    release = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = await sse_start(request)
+        await resp.write(chunk("hi") + b"data: [DONE]\n\n")
+        await release.wait()  # the body's end never comes (until the test is over)
+        return resp
+
+    base = await upstream(handler)
+    try:
+        async with (
+            gateway_factory({"m": [base]}, extra={"upstream": {"read_timeout": 0.3}}) as gw,
+            aiohttp.ClientSession() as session,
+        ):
+            async with session.post(
+                gateway_url(gw) + "/v1/chat/completions",
+                json={"model": "m", "messages": [], "stream": True},
+                headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            ) as r:
+                body = await r.read()  # a cut connection raises ClientPayloadError here
+            assert body.endswith(b"data: [DONE]\n\n")
+    finally:
+        release.set()
