@@ -49,14 +49,14 @@ def strip_body(body: bytes, strip: Strip) -> bytes:
 
 
 class StreamStripper:
-    """Transform for a vLLM event stream (events end with a blank line, LF only, as vLLM writes them).
+    """Transform for a vLLM event stream (events end with a blank line; CRLF and CR line ends become LF).
 
     Whole events go through at once; only an unfinished event waits for the rest of its bytes. The common path is
     one regex substitution and a `find` or two per read; an event is looked at on its own only when the read holds
     the marker of one that must go (the usage event, an id-only delta) or change (injected logprobs).
     """
 
-    __slots__ = ("_buf", "_empty_deltas", "_ids", "_logprobs", "_usage")
+    __slots__ = ("_after_cr", "_buf", "_empty_deltas", "_ids", "_logprobs", "_usage")
 
     def __init__(self, strip: Strip, *, chat: bool) -> None:
         self._ids = strip.token_ids
@@ -65,8 +65,12 @@ class StreamStripper:
         # With return_token_ids vLLM also sends the chunks its tool parser left empty (only ids in them).
         self._empty_deltas = strip.token_ids and chat
         self._buf = bytearray()
+        self._after_cr: bool | None = None
+        """None until the stream holds a CR; then whether the last read ended with one."""
 
     def __call__(self, chunk: bytes) -> bytes:
+        if self._after_cr is not None or chunk.find(b"\r") >= 0:
+            chunk = self._lf(chunk)
         buf = self._buf
         if buf:
             start = len(buf) - 1  # the blank line may straddle the two reads
@@ -98,6 +102,15 @@ class StreamStripper:
         if self._logprobs and data.find(b'"logprobs":{') >= 0:
             data = b"".join(_null_logprobs(ev) + b"\n\n" for ev in data.split(b"\n\n")[:-1])
         return data
+
+    def _lf(self, chunk: bytes) -> bytes:
+        """CRLF and CR line ends (legal SSE, never vLLM's) as LF, so that events end where the client's parser ends
+        them and pass at once: the same events, each line ended alike. A CR that ends a read becomes LF at once,
+        and the LF that may follow it in the next read (one CRLF split in two) is dropped then."""
+        if self._after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        self._after_cr = chunk.endswith(b"\r")
+        return chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
     def flush(self) -> bytes:
         if not self._buf:

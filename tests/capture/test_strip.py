@@ -289,3 +289,34 @@ def test_real_capture_empty_deltas_with_the_logprobs_the_client_asked_for_stay()
     assert [ev for ev in got if any(c.get("logprobs") for c in ev["choices"])] == [
         {**ev, "choices": [{**c, "token_ids": None} for c in ev["choices"]]} for ev in with_logprobs
     ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    path=st.sampled_from(STREAMS),
+    end=st.sampled_from([b"\r\n", b"\r"]),
+    cuts=st.lists(st.integers(min_value=0, max_value=20_000), max_size=40),
+    strip=st.builds(Strip, st.booleans(), st.booleans(), st.booleans()).filter(bool),
+)
+def test_crlf_and_cr_streams_are_stripped_as_their_lf_twins_at_any_chunking(
+    path: Path, end: bytes, cuts: list[int], strip: Strip
+) -> None:
+    """Legal SSE line ends that vLLM never writes: the same events reach the client (the injected usage event
+    dropped), each line ended with LF, split anywhere, a CRLF pair included."""
+    lf = path.read_bytes()
+    raw = lf.replace(b"\n", end)
+    points = sorted({0, len(raw), *(c % (len(raw) + 1) for c in cuts)})
+    chunks = [raw[a:b] for a, b in itertools.pairwise(points)]
+    chat = path.name.startswith("chat")
+    assert run_transform(strip, chunks, stream=True, chat=chat) == run_transform(
+        strip, [lf], stream=True, chat=chat
+    )
+
+
+@pytest.mark.parametrize("end", [b"\r\n", b"\r"])
+def test_a_crlf_or_cr_event_goes_as_soon_as_it_ends(end: bytes) -> None:
+    """Split on LF alone, such a stream was held whole until its end."""
+    t = StreamStripper(Strip(token_ids=True), chat=True)
+    event = b'data: {"choices":[{"index":0,"token_ids":[1]}]}' + end + end
+    assert t(event) == b'data: {"choices":[{"index":0,"token_ids":null}]}\n\n'
+    assert t(b"data: [DONE]" + end + end) == b"data: [DONE]\n\n"
