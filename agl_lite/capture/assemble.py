@@ -113,6 +113,12 @@ class Assembly:
                 return p
         return None
 
+    def several_prompts(self) -> bool:
+        """Completions asked for several prompts at once (`prompt` a list): its choices come from different prompt
+        ids, and a record holds one prompt's."""
+        seen = {c.prompt_ids.tobytes() for c in self._choices.values() if c.prompt_ids is not None}
+        return len(seen) > 1
+
     def completion_ids_count(self) -> int:
         return sum(len(c.ids) for c in self._choices.values())
 

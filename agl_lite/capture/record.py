@@ -220,6 +220,10 @@ def _build(flow: Flow, call: CallState) -> LLMCall:
         ids = asm.completion_ids_count()
         if isinstance(completion_tokens, int) and ids:
             record.complete = ids == completion_tokens
+        if not asm.chat and asm.several_prompts():
+            # The record keeps the first prompt's ids: the other prompts' choices would train on the wrong prompt.
+            record.complete = False
+            record.error = "several prompts in one call: the record holds the first one's ids only"
     return record
 
 

@@ -452,6 +452,23 @@ async def test_sdk_completions_streamed_record_has_the_mocks_ids(ms: MockSetup) 
     assert (rec.api, rec.choices[0].text, rec.complete) == ("completions", text, True)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_completions_with_several_prompts_are_kept_but_not_complete(
+    ms: MockSetup, stream: bool
+) -> None:
+    """A record holds one prompt's ids: choices generated from other prompts must not train on the first's."""
+    body: dict[str, Any] = {"model": "smollm2", "prompt": [[1, 2], [3, 4, 5, 6]], "max_tokens": 4, "seed": 3}
+    if stream:
+        async for _ in await ms.via().completions.create(**body, stream=True):
+            pass
+    else:
+        await ms.via().completions.create(**body)
+    rec = await ms.probe.record()
+    assert (rec.outcome, len(rec.choices), rec.complete) == (CallOutcome.OK, 2, False)
+    assert rec.error is not None
+    assert "several prompts" in rec.error
+
+
 async def test_sdk_streamed_tool_call_record_has_ids_and_the_joined_call(ms: MockSetup) -> None:
     ms.mock.enqueue(Scenario(tool_call=ToolCallSpec("add", {"a": 2, "b": 3})), times=2)
     body: dict[str, Any] = {"model": "smollm2", "messages": MSG, "tools": [ADD_TOOL], "max_tokens": 200}
