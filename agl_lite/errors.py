@@ -35,6 +35,7 @@ __all__ = [
     "BodyTimeout",
     "ConfigError",
     "Conflict",
+    "ExpectationFailed",
     "Forbidden",
     "HttpError",
     "InsufficientStorage",
@@ -121,6 +122,9 @@ class PayloadTooLarge(HttpError, status=413, type="payload_too_large"): ...
 
 
 class UnsupportedMediaType(HttpError, status=415, type="unsupported_media_type"): ...
+
+
+class ExpectationFailed(HttpError, status=417, type="expectation_failed"): ...
 
 
 class TooManyRequests(HttpError, status=429, type="rate_limited"): ...

@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 import structlog
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 from multidict import CIMultiDict
@@ -45,6 +45,7 @@ from agl_lite.errors import (
     BadRequest,
     BodyTimeout,
     ConfigError,
+    ExpectationFailed,
     HttpError,
     InternalError,
     NotFound,
@@ -214,7 +215,7 @@ class Gateway:
             if flow.response is not None:  # answered on its headers (a bad key): its body is never read
                 flow.response.headers["Connection"] = "close"
                 return await self._send_short(request, flow)
-            refused = await self._read_body(request, flow)
+            refused = await self._expected(request) or await self._read_body(request, flow)
             if refused is not None:  # no `response_end`: a refused body leaves no trace
                 flow.response = error_response(refused)
                 flow.response.headers["Connection"] = "close"
@@ -270,6 +271,18 @@ class Gateway:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
                     await self._idle.wait()
+
+    async def _expected(self, request: web.BaseRequest) -> HttpError | None:
+        """`Expect: 100-continue` (curl's for bodies over 1 KB) answered once the headers passed, before the body
+        is read, as aiohttp's router would (its low-level server does not); any other expectation is a 417."""
+        expect = request.headers.get("Expect")
+        if expect is None:
+            return None
+        if expect.strip().lower() != "100-continue":
+            return ExpectationFailed(f"unsupported Expect: {expect[:100]!r}; only 100-continue is")
+        if request.version >= HttpVersion11 and not request.content.is_eof():
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return None
 
     async def _read_body(self, request: web.BaseRequest, flow: Flow) -> HttpError | None:
         """Read the body into `flow.request.body`, decoded if it came with a Content-Encoding; the error to answer

@@ -41,8 +41,9 @@ HOP_BY_HOP = frozenset(
 )
 """Headers that describe one connection, not the message; never relayed in either direction."""
 
-_DROP_UPSTREAM = HOP_BY_HOP | {"authorization", "x-api-key", "accept-encoding"}
-"""Never forwarded upstream: hop-by-hop headers, the client's key (the upstream gets its own), its encodings."""
+_DROP_UPSTREAM = HOP_BY_HOP | {"authorization", "x-api-key", "accept-encoding", "expect"}
+"""Never forwarded upstream: hop-by-hop headers, the client's key (the upstream gets its own), its encodings, and
+its `Expect` (the gateway answered it, and holds the whole body before it forwards anything)."""
 
 
 def filter_headers(

@@ -828,3 +828,35 @@ async def test_a_stream_whose_upstream_never_ends_its_body_after_done_still_ends
             assert body.endswith(b"data: [DONE]\n\n")
     finally:
         release.set()
+
+
+async def test_expect_100_continue_is_answered_before_the_body_and_not_forwarded(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
+) -> None:
+    """curl sends `Expect: 100-continue` with a body over 1 KB and waits for the 100 (a second, unanswered); the
+    header must not reach the upstream (whose own 417 would become the answer), nor another expectation pass."""
+    seen: list[str | None] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("Expect"))
+        return web.json_response({"choices": []})
+
+    base = await upstream(handler)
+    async with gateway_factory({"m": [base]}) as gw:
+        body = json.dumps({"model": "m", "messages": [], "pad": "x" * 2000}).encode()
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        )
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        writer.write((head + "Expect: 100-continue\r\n\r\n").encode())
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(body)
+        assert (await asyncio.wait_for(reader.readline(), 5)).startswith(b"HTTP/1.1 200")
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        writer.write((head + "Expect: 200-ok\r\n\r\n").encode() + body)
+        status = await asyncio.wait_for(reader.readline(), 5)
+        writer.close()
+    assert status.startswith(b"HTTP/1.1 417")
+    assert seen == [None]
