@@ -20,7 +20,7 @@ import aiohttp
 import structlog
 from aiohttp import HttpVersion11, web
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from multidict import CIMultiDict
 
 from agl_lite.core.addons import AddonManager
@@ -109,7 +109,7 @@ class Gateway:
                 message, payload, protocol, writer, task, asyncio.get_running_loop(), client_max_size=max_body
             )
 
-        return web.Server(
+        return _Server(
             self.handle,
             request_factory=make_request,
             handler_cancellation=True,
@@ -643,6 +643,41 @@ _PROTOCOL_LOG.addFilter(_MalformedRequests())
 
 _NO_BODY = frozenset({204, 304})
 """Statuses no body may follow (HTTP/1.1 framing): the client reads the next response right after the headers."""
+
+
+class _RequestHandler(RequestHandler):
+    """aiohttp's protocol, but what its parser refuses (a bad request line, a header too long or holding a byte it
+    will not take, bad chunking) is answered with the JSON error shape, saying what kind of error it was and never
+    the client's bytes (aiohttp's plain-text 400 quoted the offending header line, an `Authorization` included)."""
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        self.log_exception("Error handling request", exc_info=exc)  # (one warning line: `_MalformedRequests`)
+        if request.writer.output_size > 0:
+            raise ConnectionError("a response was sent already: the connection is cut instead")
+        kind = type(exc).__name__ if exc is not None else "error"
+        err: HttpError = (
+            BadRequest(f"malformed HTTP request ({kind})")
+            if 400 <= status < 500
+            else InternalError("internal error while reading the request")
+        )
+        body = err.body()
+        body["error"]["code"] = status
+        answer = web.Response(status=status, body=json.dumps(body).encode(), content_type="application/json")
+        answer.force_close()
+        return answer
+
+
+class _Server(web.Server):
+    """aiohttp's low-level server with `_RequestHandler` as each connection's protocol."""
+
+    def __call__(self) -> RequestHandler:
+        return _RequestHandler(self, loop=self._loop, **self._kwargs)
 
 
 class _RelayResponse(web.StreamResponse):

@@ -335,15 +335,20 @@ async def _raw(served: Served, data: bytes, *, until_close: bool = False) -> tup
         b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 70_000 + b"\r\n\r\n",
         b"POST /api/rollouts HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         b"POST /api/rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer aaaa-key\x01\r\n\r\n",
     ],
-    ids=["utf8-path", "utf8-query", "not-http", "header-too-long", "bad-chunk", "bad-length"],
+    ids=["utf8-path", "utf8-query", "not-http", "header-too-long", "bad-chunk", "bad-length", "key-bad-byte"],
 )
 async def test_malformed_http_is_a_400_and_logs_one_warning_without_a_traceback(
     served: Served, request_bytes: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     with structlog.testing.capture_logs() as logged:
         answer, _ = await _raw(served, request_bytes)
-    assert b" 400 " in answer.split(b"\r\n")[0], answer[:200]
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b" 400 " in head.split(b"\r\n")[0], answer[:200]
+    assert b"application/json" in head
+    assert orjson.loads(body)["error"]["type"] == "invalid_request"
+    assert b"aaaa" not in body and b"\xff" not in body  # none of the client's bytes come back
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
     assert all(e.get("log_level") != "error" for e in logged)
     assert all(b"\xff" not in str(e).encode() and "aaaa" not in str(e) for e in logged)
