@@ -30,6 +30,7 @@ _TEXT_TAIL = b'"},"logprobs":null,"finish_reason":null,"token_ids":['
 """Between the text and the ids of a text delta; the event ends with `]}]}` after the ids."""
 _TEXT_TAIL_LEN = len(_TEXT_TAIL)
 _HEAD_KEYS = {"id", "object", "created", "model"}
+_BOM = "\ufeff".encode()
 
 
 def error_message(err: Any) -> str:
@@ -359,15 +360,20 @@ class Assembly:
 
 def _merge_tool_deltas(tools: dict[int, list[Any]], calls: list[Any]) -> None:
     for call in calls:
-        slot = tools.get(call.get("index", 0))
+        if type(call) is not dict:
+            continue
+        index = call.get("index", 0)
+        if type(index) is not int:  # (a malformed delta: the other deltas, and the record, still count)
+            continue
+        slot = tools.get(index)
         if slot is None:
-            slot = tools[call.get("index", 0)] = [None, None, [], []]
+            slot = tools[index] = [None, None, [], []]
         if call.get("id"):
             slot[0] = call["id"]
         if call.get("type"):
             slot[1] = call["type"]
         fn = call.get("function")
-        if fn:
+        if type(fn) is dict:
             if fn.get("name"):
                 slot[2].append(fn["name"])
             if fn.get("arguments"):
@@ -386,7 +392,7 @@ def _whole_tool_call(call: Any) -> dict[str, Any]:
 class Collector:
     """The tap of one upstream response: keeps chunks as they arrive; `finish()` decodes what is left."""
 
-    __slots__ = ("_chunks", "_limit", "_size", "assembly", "stream")
+    __slots__ = ("_chunks", "_fresh", "_limit", "_size", "assembly", "stream")
 
     def __init__(self, *, stream: bool, chat: bool) -> None:
         self.stream = stream
@@ -394,6 +400,8 @@ class Collector:
         self._chunks: list[bytes] = []
         self._size = 0
         self._limit = COMPACT_BYTES if stream else math.inf
+        self._fresh = True
+        """Nothing decoded yet: a stream's leading byte-order mark is still there to drop (as SSE says)."""
 
     def feed(self, chunk: bytes) -> None:
         self._chunks.append(chunk)
@@ -402,7 +410,7 @@ class Collector:
             self._compact()
 
     def _compact(self) -> None:
-        buf = b"".join(self._chunks)
+        buf = self._joined()
         end = buf.rfind(b"\n\n") + 2
         if end > 1 and buf.find(b"\r") < 0:
             self.assembly.add_events(buf[:end])
@@ -412,9 +420,17 @@ class Collector:
         # Geometric, so that one huge event (a 700 KB prompt-ids line) is not re-joined at every read.
         self._limit = self._size + max(COMPACT_BYTES, self._size)
 
+    def _joined(self) -> bytes:
+        buf = b"".join(self._chunks)
+        if self._fresh and buf:
+            self._fresh = False
+            if self.stream and buf.startswith(_BOM):
+                buf = buf[len(_BOM) :]
+        return buf
+
     def finish(self) -> Assembly:
         """Decode whatever was not decoded yet; an unfinished last event is ignored, as the client's SDK does."""
-        buf = b"".join(self._chunks)
+        buf = self._joined()
         self._chunks = []
         asm = self.assembly
         if not self.stream:

@@ -438,3 +438,33 @@ def test_corrupted_streams_read_the_same_on_either_path(
         return asm
 
     assert outcome(fast) == outcome(general)
+
+
+def test_a_byte_order_mark_before_the_stream_is_dropped_as_sse_says() -> None:
+    c = Collector(stream=True, chat=True)
+    c.feed("\ufeff".encode() + text_delta(b"he", b"5"))
+    c.feed(text_delta(b"llo", b"6") + b"data: [DONE]\n\n")
+    asm = c.finish()
+    assert [(ch.text, ch.token_ids.tolist()) for ch in asm.choices()] == [("hello", [5, 6])]
+
+
+def test_a_malformed_tool_delta_costs_only_itself() -> None:
+    """One delta with a tool index that is no number (or a function that is no object) in an otherwise good
+    stream: the record keeps the rest, where it was thrown away whole."""
+    good = {"index": 0, "id": "call_1", "function": {"name": "f", "arguments": "{}"}}
+    events = [{"index": "a", "function": 5}, "x", {"index": 1, "function": 5}, good]
+    raw = b"".join(
+        b"data: "
+        + json.dumps(
+            {"choices": [{"index": 0, "delta": {"tool_calls": [e]}, "finish_reason": None}]}
+        ).encode()
+        + b"\n\n"
+        for e in events
+    )
+    c = Collector(stream=True, chat=True)
+    c.feed(raw + b"data: [DONE]\n\n")
+    (choice,) = c.finish().choices()
+    assert [t["function"] for t in choice.tool_calls] == [
+        {"name": "f", "arguments": "{}"},
+        {"name": "", "arguments": ""},
+    ]

@@ -348,7 +348,8 @@ async def test_malformed_http_is_a_400_and_logs_one_warning_without_a_traceback(
     assert b" 400 " in head.split(b"\r\n")[0], answer[:200]
     assert b"application/json" in head
     assert orjson.loads(body)["error"]["type"] == "invalid_request"
-    assert b"aaaa" not in body and b"\xff" not in body  # none of the client's bytes come back
+    assert b"aaaa" not in body  # none of the client's bytes come back
+    assert b"\xff" not in body
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
     assert all(e.get("log_level") != "error" for e in logged)
     assert all(b"\xff" not in str(e).encode() and "aaaa" not in str(e) for e in logged)

@@ -85,7 +85,13 @@ def choice_count(body: dict[str, Any]) -> int:
     n = 1 if n is None else n
     if n < 1:
         raise ApiError(400, f"n must be at least 1, got {n}.", "n")
+    if n > MAX_N:  # (a mock answers at once, in memory: n = 10**22 took 17 GB before it was bounded)
+        raise ApiError(400, f"n must be at most {MAX_N}, got {n}.", "n")
     return n
+
+
+MAX_N = 256
+"""The most choices the mock makes for one request."""
 
 
 def chat_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:

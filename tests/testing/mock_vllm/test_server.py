@@ -631,3 +631,13 @@ async def test_prompt_plus_max_tokens_over_the_context_is_a_400(http: aiohttp.Cl
         body = await post(http, url + "/chat/completions", {"messages": MSG, "max_tokens": 60})
     assert body["error"]["param"] == "max_tokens"
     assert body["error"]["code"] == 400
+
+
+@pytest.mark.parametrize("n", [10**22, 257])
+async def test_a_huge_n_is_a_400_not_a_mock_that_fills_the_memory(
+    base: str, http: aiohttp.ClientSession, n: int
+) -> None:
+    async with http.post(
+        base + "/v1/chat/completions", json={"model": "smollm2", "messages": MSG, "n": n}
+    ) as r:
+        assert (r.status, (await r.json())["error"]["param"]) == (400, "n")
