@@ -76,7 +76,7 @@ class StoreApi:
             "group_id": Param("string"),
             "reward_min": Param("number"),
             "reward_max": Param("number"),
-            "model_version": Param("string", pattern=r".{1,256}\Z"),
+            "model_version": Param("string", pattern=r"^[^\x00]{1,256}$"),
             "created_after": Param("number"),
             "created_before": Param("number"),
             "after": _SEQ,
@@ -215,7 +215,7 @@ class StoreApi:
         A,
         query={
             "attempt_id": Param("string"),
-            "label": Param("string", pattern=f"^{LABEL_KEY.pattern}:"),
+            "label": Param("string", pattern=f"^{LABEL_KEY.pattern}:[^\\x00]*$"),
             "after_order_key": Param("integer", -1, -1, 2**63 - 1),
             "limit": Param("integer", 100, 1, 1000),
             "max_bytes": _PAGE,

@@ -117,8 +117,8 @@ class Assembly:
     def several_prompts(self) -> bool:
         """Completions asked for several prompts at once (`prompt` a list): its choices come from different prompt
         ids, and a record holds one prompt's."""
-        seen = {c.prompt_ids.tobytes() for c in self._choices.values() if c.prompt_ids is not None}
-        return len(seen) > 1
+        prompts = [c.prompt_ids for c in self._choices.values() if c.prompt_ids is not None]
+        return any(p != prompts[0] for p in prompts[1:])
 
     def completion_ids_count(self) -> int:
         return sum(len(c.ids) for c in self._choices.values())
@@ -287,7 +287,7 @@ class Assembly:
                             c.text.append(text)
                         if text is None or len(delta) > 1:
                             calls = delta.get("tool_calls")
-                            if calls:
+                            if calls and type(calls) is list:
                                 _merge_tool_deltas(c.tools, calls)
                 else:
                     text = ch.get("text")
@@ -363,21 +363,26 @@ def _merge_tool_deltas(tools: dict[int, list[Any]], calls: list[Any]) -> None:
         if type(call) is not dict:
             continue
         index = call.get("index", 0)
-        if type(index) is not int:  # (a malformed delta: the other deltas, and the record, still count)
+        fn = call.get("function")
+        if type(fn) is not dict:
+            fn = {}
+        # Only strings are taken: a malformed delta (an index that is no number, arguments that are no string)
+        # costs itself, not the record, and makes up no call.
+        fields = [v if type(v) is str and v else None for v in (call.get("id"), call.get("type"))]
+        name, arguments = (v if type(v) is str and v else None for v in (fn.get("name"), fn.get("arguments")))
+        if type(index) is not int or not (any(fields) or name or arguments):
             continue
         slot = tools.get(index)
         if slot is None:
             slot = tools[index] = [None, None, [], []]
-        if call.get("id"):
-            slot[0] = call["id"]
-        if call.get("type"):
-            slot[1] = call["type"]
-        fn = call.get("function")
-        if type(fn) is dict:
-            if fn.get("name"):
-                slot[2].append(fn["name"])
-            if fn.get("arguments"):
-                slot[3].append(fn["arguments"])
+        if fields[0]:
+            slot[0] = fields[0]
+        if fields[1]:
+            slot[1] = fields[1]
+        if name:
+            slot[2].append(name)
+        if arguments:
+            slot[3].append(arguments)
 
 
 def _whole_tool_call(call: Any) -> dict[str, Any]:

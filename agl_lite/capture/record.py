@@ -223,7 +223,8 @@ def _build(flow: Flow, call: CallState) -> LLMCall:
         if not asm.chat and asm.several_prompts():
             # The record keeps the first prompt's ids: the other prompts' choices would train on the wrong prompt.
             record.complete = False
-            record.error = "several prompts in one call: the record holds the first one's ids only"
+            if record.error is None:  # (a call that failed keeps what it failed of)
+                record.error = "several prompts in one call: the record holds the first one's ids only"
     return record
 
 

@@ -50,6 +50,10 @@ _NUMBER = re.compile(r"-?[0-9]{1,20}(?:\.[0-9]{1,20})?(?:[eE][-+]?[0-9]{1,4})?",
 """A JSON number (what the OpenAPI document's `number` lets a client send), in plain ASCII."""
 
 
+NO_NUL = r"^[^\x00]*$"
+"""Every string query parameter: no NUL (no backend's text holds one); a parameter's own pattern excludes it too."""
+
+
 @dataclass(frozen=True, slots=True)
 class Param:
     """A query parameter: a JSON-schema type with its bounds, parsed strictly (`int()` and `float()` also take
@@ -74,6 +78,8 @@ class Param:
             out["enum"] = list(self.enum)
         if self.pattern:
             out["pattern"] = self.pattern
+        elif self.type == "string" and not self.enum:
+            out["pattern"] = NO_NUL  # (what `parse` refuses, as the document says it)
         if self.default is not None:
             out["default"] = self.default
         return out

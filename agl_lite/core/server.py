@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import structlog
 from aiohttp import HttpVersion11, web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from multidict import CIMultiDict
 
@@ -280,6 +280,11 @@ class Gateway:
             return None
         if expect.strip().lower() != "100-continue":
             return ExpectationFailed(f"unsupported Expect: {expect[:100]!r}; only 100-continue is")
+        limit = self.config.server.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return PayloadTooLarge(
+                f"request body exceeds {limit} bytes"
+            )  # (not invited, then read and refused)
         if request.version >= HttpVersion11 and not request.content.is_eof():
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return None
@@ -657,14 +662,20 @@ class _RequestHandler(RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        self.log_exception("Error handling request", exc_info=exc)  # (one warning line: `_MalformedRequests`)
+        if self._request_count == 1 and isinstance(exc, BadHttpMethod):
+            # Not HTTP at all on a connection's first bytes (TLS, a port scan): aiohttp's debug line, not ours.
+            self.logger.debug("not an HTTP request", exc_info=exc)
+        else:
+            self.log_exception(
+                "Error handling request", exc_info=exc
+            )  # (one warning line: `_MalformedRequests`)
         if request.writer.output_size > 0:
             raise ConnectionError("a response was sent already: the connection is cut instead")
         kind = type(exc).__name__ if exc is not None else "error"
         err: HttpError = (
             BadRequest(f"malformed HTTP request ({kind})")
             if 400 <= status < 500
-            else InternalError("internal error while reading the request")
+            else InternalError(f"internal error ({status})")
         )
         body = err.body()
         body["error"]["code"] = status

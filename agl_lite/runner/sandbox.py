@@ -29,7 +29,9 @@ _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWPID = 0x20000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
 _MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
-_PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 24, 38
+_PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 1, 24, 38, 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _SYS_MOUNT_SETATTR = 442  # the same number on every architecture (syscalls added after 5.1 share one table)
 _AT_FDCWD, _AT_RECURSIVE = -100, 0x8000
 _MOUNT_ATTR_RDONLY = 1
@@ -44,6 +46,18 @@ class _MountAttr(ctypes.Structure):
         ("attr_clr", ctypes.c_uint64),
         ("propagation", ctypes.c_uint64),
         ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
     ]
 
 
@@ -118,26 +132,41 @@ def _build_view(spec: dict[str, Any]) -> None:
 
 
 def _drop_privileges() -> None:
-    """No capabilities after exec (not even inside the user namespace) and none to gain from setuid files."""
+    """No capabilities, now and after any exec (not even inside the user namespace), and none to gain from setuid
+    files. The process's own sets are emptied too: a fork server's step runs its script in this very process,
+    with no exec to recompute them from the (empty) bounding set, and with the namespace's full set it could
+    unmount the masks and write the read-only tree."""
     with open("/proc/sys/kernel/cap_last_cap") as f:
         last = int(f.read())
     for cap in range(last + 1):
         _check(_libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), "drop capabilities")
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _check(_libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient capabilities")
+    none = (_CapData * 2)()  # (zeroed: effective, permitted and inheritable, both 32-bit halves)
+    _check(_libc.capset(ctypes.byref(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), none), "capset")
 
 
-def close_inherited(keep: int = -1) -> None:
-    """Close every file descriptor from 3 up but `keep`: a command gets stdin, stdout and stderr only. (Whatever
-    its parent held open: init's report pipe, a descriptor a forking parent's loop left without close-on-exec,
-    the gateway's own stderr, which a fork server's step would otherwise inherit.)"""
+def close_inherited(keep: int = -1, *, exec_follows: bool = True) -> None:
+    """Take every file descriptor from 3 up but `keep` out of reach: a command gets stdin, stdout and stderr
+    only (whatever its parent held open: init's report pipe, a descriptor a forking parent's loop left without
+    close-on-exec, the gateway's own stderr, which a fork server's step would otherwise inherit). Where no exec
+    follows (a fork server's step runs its script in this process), objects of the interpreter may still hold
+    those numbers (a preloaded module's log file): each is pointed at /dev/null rather than closed, so that a
+    number the agent opens next is never one that a stale object writes to or closes."""
     try:
         open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
     except OSError:
         open_fds = list(range(3, 1024))
+    null = -1 if exec_follows else os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     for fd in open_fds:
-        if fd > 2 and fd != keep:
+        if fd > 2 and fd not in (keep, null):
             with contextlib.suppress(OSError):  # (the listing's own descriptor is closed already)
-                os.close(fd)
+                if null < 0:
+                    os.close(fd)
+                else:
+                    os.dup2(null, fd, inheritable=False)
+    if null >= 0:
+        os.close(null)
 
 
 def _exec(argv: list[str], report: int, run: Run | None) -> NoReturn:
@@ -145,7 +174,7 @@ def _exec(argv: list[str], report: int, run: Run | None) -> NoReturn:
         os.setsid()  # signals reach it through init, which forwards them to every process of the attempt
         _drop_privileges()
         if run is not None:
-            close_inherited()  # (no exec here to close what is close-on-exec)
+            close_inherited(exec_follows=False)
             run(argv)
         close_inherited(keep=report)  # (close-on-exec: gone if the exec succeeds, said on if it fails)
         os.execvpe(argv[0], argv, os.environ)

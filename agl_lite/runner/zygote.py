@@ -123,7 +123,7 @@ def _child(sock: socket.socket, out: int) -> NoReturn:
         sock.close()
         # Nothing of this server's reaches a step: its stdio's copies (the gateway's own stderr among them), the
         # descriptors a preloaded module opened.
-        sandbox.close_inherited()
+        sandbox.close_inherited(exec_follows=False)
     except Exception as exc:
         os.write(2, f"agl-lite sandbox: the fork server could not start the step: {exc!r}\n".encode())
         os._exit(sandbox.SETUP_FAILED)

@@ -757,7 +757,7 @@ class Store:
     async def response_call(self, response_id: str) -> LLMCall:
         """A Responses API call by its response id (`resp_…`, the id it is stored under); NotFound when none."""
         found = None
-        if response_id.startswith(RESPONSE_ID_PREFIX):
+        if response_id.startswith(RESPONSE_ID_PREFIX) and "\x00" not in response_id:  # (no text holds NUL)
             found = await self._read(lambda repo: repo.response_call(response_id))
         if found is None:
             raise NotFound(f"no captured call {response_id!r}")
@@ -766,9 +766,11 @@ class Store:
     async def delete_response(self, call_id: str) -> bool:
         """Take a Responses API call's response back from its client (`DELETE /v1/responses/{id}`): it is no longer
         served back; the call stays, its rollout's training data. False when it was deleted already."""
+        _text(response_id=call_id)
         return await self._write(lambda repo: repo.delete_response(call_id, time.time()))
 
     async def response_deleted(self, call_id: str) -> bool:
+        _text(response_id=call_id)
         return await self._read(lambda repo: repo.response_deleted(call_id))
 
     # --- resources and models ------------------------------------------------------------------------------------

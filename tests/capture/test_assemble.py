@@ -449,22 +449,20 @@ def test_a_byte_order_mark_before_the_stream_is_dropped_as_sse_says() -> None:
 
 
 def test_a_malformed_tool_delta_costs_only_itself() -> None:
-    """One delta with a tool index that is no number (or a function that is no object) in an otherwise good
-    stream: the record keeps the rest, where it was thrown away whole."""
+    """Deltas with a tool index that is no number, a function that is no object, arguments that are no string,
+    tool calls that are no list, in an otherwise good stream: the record keeps the rest (it was thrown away
+    whole) and makes up no call."""
     good = {"index": 0, "id": "call_1", "function": {"name": "f", "arguments": "{}"}}
-    events = [{"index": "a", "function": 5}, "x", {"index": 1, "function": 5}, good]
+    bad_args = {"index": 0, "function": {"arguments": 5}}
+    events: list[Any] = [[{"index": "a", "function": 5}], ["x"], [{"index": 1, "function": 5}], [good]]
+    events += [[bad_args], 7]
     raw = b"".join(
         b"data: "
-        + json.dumps(
-            {"choices": [{"index": 0, "delta": {"tool_calls": [e]}, "finish_reason": None}]}
-        ).encode()
+        + json.dumps({"choices": [{"index": 0, "delta": {"tool_calls": e}, "finish_reason": None}]}).encode()
         + b"\n\n"
         for e in events
     )
     c = Collector(stream=True, chat=True)
     c.feed(raw + b"data: [DONE]\n\n")
     (choice,) = c.finish().choices()
-    assert [t["function"] for t in choice.tool_calls] == [
-        {"name": "f", "arguments": "{}"},
-        {"name": "", "arguments": ""},
-    ]
+    assert [t["function"] for t in choice.tool_calls] == [{"name": "f", "arguments": "{}"}]

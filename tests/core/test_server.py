@@ -858,5 +858,12 @@ async def test_expect_100_continue_is_answered_before_the_body_and_not_forwarded
         writer.write((head + "Expect: 200-ok\r\n\r\n").encode() + body)
         status = await asyncio.wait_for(reader.readline(), 5)
         writer.close()
+        # A body over the cap is not invited (then read and refused): a 413 in place of the 100.
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        too_big = head.replace(f"Content-Length: {len(body)}", f"Content-Length: {10**12}")
+        writer.write((too_big + "Expect: 100-continue\r\n\r\n").encode())
+        refused = await asyncio.wait_for(reader.readline(), 5)
+        writer.close()
     assert status.startswith(b"HTTP/1.1 417")
+    assert refused.startswith(b"HTTP/1.1 413")
     assert seen == [None]

@@ -39,12 +39,16 @@ for fd in range(3, 1024):
         os.fstat(fd)
     except OSError:
         continue
-    inherited.append(fd)
-import json, re, subprocess, urllib.request
+    target = os.readlink(f"/proc/self/fd/{fd}")
+    if target != "/dev/null":  # (a forked step's stale numbers point there: nothing to reach through them)
+        inherited.append(target)
+import ctypes, json, re, subprocess, urllib.request
 task = json.loads(os.environ["AGL_TASK_INPUT"])
 loot = bytearray()
 stats = {"pids": 0, "files": 0, "mem_bytes": 0, "forked": forked, "fds": inherited}
 stats["ipc"] = os.readlink("/proc/self/ns/ipc")  # System V objects it makes, seen by whom
+with open("/proc/self/status") as status:  # capabilities of this very process (a forked step execs nothing)
+    stats["cap_eff"] = [line.split()[1] for line in status if line.startswith("CapEff")][0]
 
 def grab(path, limit=4 << 20):
     try:  # non-blocking: a pipe or a FIFO would hold the scan forever
@@ -92,9 +96,12 @@ for top in (task["workdir"], "/tmp"):
             walked += 1
             if walked < 3000:
                 grab(os.path.join(root, name), 1 << 20)
-# whatever it could not read, it cannot unmask or undo either
+# whatever it could not read, it cannot unmask or undo either: by a program, or from this process
 for argv in (["umount", "/proc"], ["umount", task["db"]], ["mount", "-o", "remount,rw", "/"]):
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+libc = ctypes.CDLL(None, use_errno=True)
+runs = os.path.dirname(os.path.dirname(task["other"]))  # the mask over every runner's attempts
+stats["unmounted"] = [p for p in (task["db"], runs) if libc.umount2(p.encode(), 2) == 0]
 grab(task["db"])
 grab(f"/proc/{task['gateway_pid']}/environ")
 try:
@@ -214,6 +221,7 @@ async def _attack(
                         ),
                         str(other / "notes"),
                     ],
+                    "other": str(other / "notes"),
                 }
                 (a,) = await client.enqueue(
                     [
@@ -288,6 +296,8 @@ async def test_a_hostile_local_agent_reaches_no_key_no_other_rollout_and_leaves_
     assert found.stats["pids"] <= 4  # its own: the sandbox's init, itself, its daemon (and its `setsid`)
     assert found.stats["tampered"] is False  # nor the grader's program
     assert found.stats["fds"] == []  # stdio only: no report pipe to forge its exit status, no log to write in
+    assert int(found.stats["cap_eff"], 16) == 0  # no capability, even in a forked step that execs nothing
+    assert found.stats["unmounted"] == []  # so no mask comes off
     assert found.stats["ipc"] != os.readlink("/proc/self/ns/ipc")  # its System V objects are its attempt's
     for pid in found.daemon_pids:
         await exited(pid)

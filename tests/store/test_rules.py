@@ -546,6 +546,11 @@ async def test_a_reward_must_be_finite_on_every_backend(store: Store, value: flo
     assert (await store.get_rollout("r1")).reward is None
 
 
+async def test_a_response_id_with_nul_is_not_found_on_every_backend(store: Store) -> None:
+    with pytest.raises(NotFound):
+        await store.response_call("resp_a\x00b")
+
+
 @pytest.mark.parametrize(
     "read",
     [
@@ -558,8 +563,22 @@ async def test_a_reward_must_be_finite_on_every_backend(store: Store, value: flo
         lambda store, s: store.put_model(s, ["http://127.0.0.1:1/v1"], "v1"),
         lambda store, s: store.put_model("m", ["http://127.0.0.1:1/v1"], s),
         lambda store, s: store.remove_model(s),
+        lambda store, s: store.delete_response("resp_" + s),
+        lambda store, s: store.response_deleted("resp_" + s),
     ],
-    ids=["mode", "group", "model_version", "kind", "attempt", "label", "model", "version", "remove"],
+    ids=[
+        "mode",
+        "group",
+        "model_version",
+        "kind",
+        "attempt",
+        "label",
+        "model",
+        "version",
+        "remove",
+        "delete",
+        "deleted",
+    ],
 )
 async def test_text_with_nul_is_refused_alike_by_every_backend(store: Store, read: Any) -> None:
     """PostgreSQL's text cannot hold NUL: a 400 everywhere rather than a 500 there (and a model version that
