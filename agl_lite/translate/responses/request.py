@@ -152,6 +152,16 @@ def _input(value: Any) -> list[dict[str, Any]]:
     return out
 
 
+_FIELD_OF = {
+    "input_text": "text",
+    "output_text": "text",
+    "text": "text",
+    "refusal": "refusal",
+    "input_image": "image_url",
+}
+"""The member that holds each content part's value."""
+
+
 def _message(item: dict[str, Any], at: str) -> dict[str, Any]:
     role = _ROLES.get(str(item.get("role")))
     if role is None:
@@ -171,6 +181,9 @@ def _message(item: dict[str, Any], at: str) -> dict[str, Any]:
             parts.append({"type": "text", "text": part["refusal"]})
         elif kind == "input_image" and isinstance(part.get("image_url"), str):
             parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+        elif kind in _FIELD_OF:  # a known part whose value is missing or not a string
+            field = _FIELD_OF[kind]
+            raise BadRequest(f"{where}.{field}: must be a string", param=f"{where}.{field}")
         else:
             raise BadRequest(
                 f"{where}: {kind!r} parts are not supported (text and image URLs are)", param=where

@@ -161,6 +161,10 @@ def test_output_format_reasoning_and_logprobs() -> None:
             {"model": "m", "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
             "input[0].content[0]",
         ),
+        (  # a supported part with a value of the wrong type names that value, not the part as unsupported
+            {"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
+            "input[0].content[0].text",
+        ),
         (
             {
                 "model": "m",
