@@ -153,10 +153,9 @@ class Anthropic:
         if resp.status >= 300:
             resp.transforms.append(WholeBody(partial(reshape_error, resp.status)))
             return
-        encoding = resp.headers.get("Content-Encoding", "identity").lower()
-        if encoding != "identity":  # (the core asked for identity) bytes no translation can read
-            message = f"the upstream answered with Content-Encoding {encoding}".encode()
-            resp.transforms.append(Refuse(502, reshape_error(502, message)))
+        encoded = resp.encoded()
+        if encoded is not None:  # bytes no translation can read
+            resp.transforms.append(Refuse(502, reshape_error(502, encoded.encode())))
             return
         if name in _COUNT:
             resp.transforms.append(WholeBody(token_count_body))

@@ -83,10 +83,10 @@ class Capture:
         resp = flow.response
         if call is None or resp is None or not resp.from_upstream:
             return
-        encoding = resp.headers.get("Content-Encoding", "identity").lower()
-        if encoding != "identity":
+        encoded = resp.encoded()
+        if encoded is not None:
             # The core asked for identity; bytes capture cannot read are neither rewritten nor parsed.
-            call.unreadable = f"the upstream answered with Content-Encoding {encoding}"
+            call.unreadable = encoded
             return
         chat = call.api == "chat"
         call.collector = collector = Collector(stream=resp.is_event_stream, chat=chat)

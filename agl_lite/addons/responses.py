@@ -145,10 +145,9 @@ class Responses:
         if resp.status >= 300:
             resp.transforms.append(WholeBody(partial(reshape_error, resp.status)))
             return
-        encoding = resp.headers.get("Content-Encoding", "identity").lower()
-        if encoding != "identity":  # (the core asked for identity) bytes no translation can read
-            message = f"the upstream answered with Content-Encoding {encoding}"
-            resp.transforms.append(Refuse(502, error_body(502, message)))
+        encoded = resp.encoded()
+        if encoded is not None:  # bytes no translation can read
+            resp.transforms.append(Refuse(502, error_body(502, encoded)))
             return
         view = flow.metadata.get(CLIENT_VIEW)
         translated: Any = flow.metadata.get(_REQUEST)

@@ -236,6 +236,12 @@ class Response:
     taps: list[Tap] = field(default_factory=list)
     transforms: list[Transform] = field(default_factory=list)
 
+    def encoded(self) -> str | None:
+        """Why its body cannot be read as it came: a Content-Encoding other than identity (the core asks upstreams
+        for identity), said in words; None for a readable body."""
+        encoding = self.headers.get("Content-Encoding", "identity").lower()
+        return None if encoding == "identity" else f"the upstream answered with Content-Encoding {encoding}"
+
 
 def json_response(status: int, obj: Any, headers: Mapping[str, str] | None = None) -> Response:
     """A short-circuit JSON response."""

@@ -282,9 +282,8 @@ class Gateway:
             return ExpectationFailed(f"unsupported Expect: {expect[:100]!r}; only 100-continue is")
         limit = self.config.server.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
-            return PayloadTooLarge(
-                f"request body exceeds {limit} bytes"
-            )  # (not invited, then read and refused)
+            # (not invited, then read and refused)
+            return PayloadTooLarge(f"request body exceeds {limit} bytes")
         if request.version >= HttpVersion11 and not request.content.is_eof():
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return None
@@ -363,9 +362,8 @@ class Gateway:
             status=up.status,
             headers=filter_headers(up.headers.items()),
             from_upstream=True,
-            is_event_stream=ctype.lstrip()
-            .lower()
-            .startswith("text/event-stream"),  # (media types ignore case)
+            # (media types ignore case)
+            is_event_stream=ctype.lstrip().lower().startswith("text/event-stream"),
         )
         await self.addons.response_headers(flow)
         out = _RelayResponse(status=response.status, headers=response.headers)
@@ -436,9 +434,8 @@ class Gateway:
             refused: BodyRefused | None = None
             try:
                 final = flush_transforms(transforms) if transforms else b""
-            except (
-                BodyRefused
-            ) as exc:  # a conversion that cannot take this body: its error, not the upstream's
+            except BodyRefused as exc:
+                # A conversion that cannot take this body: its error goes out, not the upstream's answer.
                 final, refused = b"", exc
             if not ended:
                 ended = True
@@ -520,9 +517,8 @@ class Gateway:
         response = flow.response
         assert response is not None
         response.status = refused.status
-        if (
-            out.prepared
-        ):  # (a transform before it sent bytes already: a body whose status left cannot say more)
+        if out.prepared:
+            # (a transform before it sent bytes already: a body whose status left cannot say more)
             if request.transport is not None:
                 request.transport.close()
             return out
@@ -666,9 +662,8 @@ class _RequestHandler(RequestHandler):
             # Not HTTP at all on a connection's first bytes (TLS, a port scan): aiohttp's debug line, not ours.
             self.logger.debug("not an HTTP request", exc_info=exc)
         else:
-            self.log_exception(
-                "Error handling request", exc_info=exc
-            )  # (one warning line: `_MalformedRequests`)
+            # (one warning line: `_MalformedRequests`)
+            self.log_exception("Error handling request", exc_info=exc)
         if request.writer.output_size > 0:
             raise ConnectionError("a response was sent already: the connection is cut instead")
         kind = type(exc).__name__ if exc is not None else "error"

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from agl_lite.core.api import NO_NUL
 from agl_lite.core.contract import ATTEMPT_FROM_POD
 from agl_lite.core.upstream_urls import ENDPOINT_PATTERN, endpoint_problem
 from agl_lite.errors import BadRequest
@@ -44,9 +45,9 @@ _NUMBER = BeforeValidator(_json_number)
 """Goes after the field's bounds in its `Annotated`, or the OpenAPI document loses them."""
 
 
-TEXT = r"^[^\x00]*$"
+TEXT = NO_NUL
 """Free text the store keeps as text (a model's name and version, a step's response id): anything but NUL, which
-no backend's text holds (PostgreSQL refuses it)."""
+no backend's text holds (PostgreSQL refuses it), as for every string query parameter."""
 
 
 class _In(BaseModel):
