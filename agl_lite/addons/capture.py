@@ -72,6 +72,10 @@ class Capture:
         if md.get("route.backend") != "vllm":
             return
         body = req.json_object()
+        if not req.python_only:
+            # What orjson reads from `call.original`, as the record keeps it: shallow, as `inject` below sets
+            # top-level members only (and `stream_options` whole, never inside the client's own).
+            call.request = dict(body)
         opts = self.options
         added, call.strip = plan(body, api, logprobs=opts.logprobs, top_logprobs=opts.top_logprobs)
         if added:

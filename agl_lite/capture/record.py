@@ -101,6 +101,8 @@ class CallState:
     strip: Strip
     forwarded: bool = True
     """False for a flow that another addon answered before capture's `request` ran."""
+    request: dict[str, Any] | None = None
+    """`original` as orjson reads it, when capture had it parsed already (a conversation is not parsed twice)."""
     collector: Collector | None = None
     unreadable: str | None = None
 
@@ -151,7 +153,7 @@ def record_of(flow: Flow, call: CallState, view: ClientView | None) -> LLMCall |
 
 def _bare(flow: Flow, call: CallState, outcome: CallOutcome, error: str | None) -> LLMCall:
     md = flow.metadata
-    request = loads_or_none(call.original)
+    request = call.request if call.request is not None else loads_or_none(call.original)
     requested = md.get("route.requested_model")
     if requested is None and isinstance(request, dict) and isinstance(request.get("model"), str):
         requested = request["model"]

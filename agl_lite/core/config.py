@@ -89,10 +89,13 @@ class UpstreamConfig:
     connect_timeout: float = option(10.0, "Seconds to open a TCP connection to an upstream.")
     read_timeout: float = option(
         600.0,
-        "Longest silence from an upstream (before headers or between chunks), in seconds; no total cap.",
+        "Longest silence from an upstream (before headers or between chunks), in seconds; no total cap. Checked "
+        "every second (every quarter of it when shorter), so it fires up to that much late.",
     )
     max_connections: int = option(2048, "Upper bound on open upstream connections (all upstreams together).")
-    keepalive_timeout: float = option(30.0, "Seconds an idle upstream connection is kept for reuse.")
+    keepalive_timeout: float = option(
+        30.0, "Seconds an idle upstream connection is kept for reuse (checked with `read_timeout`)."
+    )
     max_event_bytes: int = option(
         32 * MiB,
         "Largest line of an upstream event stream, and largest plain body, relayed; past it the call fails "

@@ -174,6 +174,13 @@ class Request:
             self._json_loaded = True
         return self._json
 
+    @property
+    def python_only(self) -> bool:
+        """Whether the stdlib parser read the body (`NaN`, integers past 64 bits...): then orjson would read
+        `upstream_body()` otherwise than `json()` holds it."""
+        self.json()
+        return self._python_only
+
     def json_object(self) -> dict[str, Any]:
         """`json()` when it is a JSON object; anything else is a 400."""
         obj = self.json()
@@ -235,6 +242,11 @@ class Response:
     from_upstream: bool = False
     taps: list[Tap] = field(default_factory=list)
     transforms: list[Transform] = field(default_factory=list)
+    stream_done: Callable[[], bool] | None = None
+    """A translating transform's own end of stream: whether the upstream's `[DONE]` reached it. The core then ends
+    the client's stream there, as at the `[DONE]` of a stream it relays as it is: the transforms are flushed, and
+    what they owe (the translation's last events) is held until `response_end` (the record) is done. None: the
+    core looks for `[DONE]` in what the client gets."""
 
     def encoded(self) -> str | None:
         """Why its body cannot be read as it came: a Content-Encoding other than identity (the core asks upstreams

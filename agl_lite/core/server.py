@@ -372,6 +372,7 @@ class Gateway:
             out.headers["X-Accel-Buffering"] = "no"
         taps, transforms = response.taps, response.transforms
         ended = False
+        flushed = False  # the transforms gave what they owe: a translated stream's end, at its `[DONE]`
         try:
             # `out` is prepared at its first bytes, not before: until then a refused commit can still answer with a
             # status of its own (`_refuse`). (The headers left with the first bytes anyway: one send, not two.)
@@ -387,8 +388,11 @@ class Gateway:
                 # Before the taps, which parse (and so hold) each line whole: one endless line must not become
                 # an endless buffer.
                 if response.is_event_stream:
-                    end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
-                    run = run + len(chunk) if end < 0 else len(chunk) - end - 1
+                    if chunk.endswith(b"\n"):  # (a read that ends an event: no scan)
+                        run = 0
+                    else:
+                        end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
+                        run = run + len(chunk) if end < 0 else len(chunk) - end - 1
                 else:
                     run += len(chunk)
                 if run > cap:
@@ -398,16 +402,22 @@ class Gateway:
                     )
                 for tap in taps:
                     tap(chunk)
-                if transforms:
+                if transforms and not flushed:
                     for t in transforms:
                         chunk = t(chunk)
                 if response.is_event_stream:
-                    # after [DONE]: nothing but the end of the stream (and no more than a line of it)
+                    # after [DONE]: nothing but the end of the stream (and no more than a line of it); nothing
+                    # at all after a translation's end
                     if ended:
-                        if len(pending or b"") < cap:
+                        if not flushed and len(pending or b"") < cap:
                             pending = (pending or b"") + chunk[: cap - len(pending or b"")]
                         continue
                     cut = done.feed(chunk)
+                    if cut < 0 and response.stream_done is not None and response.stream_done():
+                        # The upstream's `[DONE]` reached a translation (Anthropic, Responses), whose client has
+                        # no `[DONE]`: its end is what the translation still owes, held as `[DONE]` is.
+                        cut, flushed = len(chunk), True
+                        chunk += flush_transforms(transforms)
                     if cut >= 0:
                         if cut:
                             if not out.prepared:
@@ -417,7 +427,7 @@ class Gateway:
                         ended = True
                         await self.addons.response_end(flow)
                         if flow.error is not None:
-                            return await self._refuse(request, flow, out, flushed=False)
+                            return await self._refuse(request, flow, out, flushed=flushed)
                         pending = chunk[cut:]
                     elif chunk:
                         if not out.prepared:
@@ -433,7 +443,7 @@ class Gateway:
                     pending = chunk
             refused: BodyRefused | None = None
             try:
-                final = flush_transforms(transforms) if transforms else b""
+                final = flush_transforms(transforms) if transforms and not flushed else b""
             except BodyRefused as exc:
                 # A conversion that cannot take this body: its error goes out, not the upstream's answer.
                 final, refused = b"", exc
@@ -482,7 +492,7 @@ class Gateway:
             if ended and pending is not None and response.is_event_stream:
                 # After `[DONE]`, its record committed: the stream is whole. Only its end was held (for the
                 # commit, then for the upstream's end of body, which did not come): the client gets it.
-                return await self._end_held(request, flow, out, pending)
+                return await self._end_held(request, flow, out, pending, flushed=flushed)
             return await self._fail_mid_response(request, flow, out, err, ended)
         except Exception as exc:
             up.close()
@@ -496,12 +506,13 @@ class Gateway:
             return out
 
     async def _end_held(
-        self, request: web.BaseRequest, flow: Flow, out: web.StreamResponse, held: bytes
+        self, request: web.BaseRequest, flow: Flow, out: web.StreamResponse, held: bytes, *, flushed: bool
     ) -> web.StreamResponse:
-        """End the client's stream with the bytes held from `[DONE]` on (and what the transforms still owe)."""
+        """End the client's stream with the bytes held from `[DONE]` on (and what the transforms still owe, when
+        they were not `flushed` at the `[DONE]` already)."""
         response = flow.response
         assert response is not None
-        final = _through(response.transforms, b"") if response.transforms else b""
+        final = _through(response.transforms, b"") if response.transforms and not flushed else b""
         if not out.prepared:
             await out.prepare(request)
         flow.bytes_to_client += len(held) + len(final)

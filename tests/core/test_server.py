@@ -830,6 +830,58 @@ async def test_a_stream_whose_upstream_never_ends_its_body_after_done_still_ends
         release.set()
 
 
+@pytest.mark.parametrize(
+    ("path", "end", "failed"),
+    [
+        ("/v1/messages", b"event: message_stop", b"event: error"),
+        ("/v1/responses", b"event: response.completed", b"event: response.failed"),
+    ],
+)
+async def test_a_translated_stream_whose_upstream_never_ends_its_body_after_done_still_ends_whole(
+    upstream: Callable[[Handler], Awaitable[str]],
+    gateway_factory: GatewayFactory,
+    path: str,
+    end: bytes,
+    failed: bytes,
+) -> None:
+    """As a chat stream: the translation's own end (`message_stop`, `response.completed`) is owed from the
+    upstream's `[DONE]` on, held for the commit, and sent when the end of body does not come (the read times out):
+    the client gets its whole answer and the record says `ok`, not a timeout in place of the end."""
+    release = asyncio.Event()
+    finish = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = await sse_start(request)
+        await resp.write(chunk("hi") + finish + b"data: [DONE]\n\n")
+        await release.wait()  # the body's end never comes (until the test is over)
+        return resp
+
+    base = await upstream(handler)
+    probe = Probe()
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}", "anthropic-version": "2023-06-01"}
+    try:
+        async with (
+            gateway_factory(
+                {"m": [base]},
+                chain=DEFAULT_CHAIN,
+                addons={"store": {"path": "agl.db"}},
+                extra={"upstream": {"read_timeout": 0.3}},
+                extra_addons=[probe],
+            ) as gw,
+            aiohttp.ClientSession() as session,
+        ):
+            body = {**_TRANSLATED[path], "stream": True}
+            async with session.post(gateway_url(gw) + path, json=body, headers=headers) as r:
+                received = await r.read()  # a cut connection raises ClientPayloadError here
+            await asyncio.wait_for(probe.done.wait(), 5)
+        assert end in received
+        assert failed not in received
+        assert probe.flows[0].metadata["capture.record"].outcome is CallOutcome.OK
+    finally:
+        release.set()
+
+
 async def test_expect_100_continue_is_answered_before_the_body_and_not_forwarded(
     upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
 ) -> None:

@@ -117,6 +117,10 @@ class StreamTranslator:
         self._failed = True
         return encode(self._builder.fail(err.message))
 
+    def ended(self) -> bool:
+        """Whether the upstream's `[DONE]` came, no error before it: the stream is whole (`Response.stream_done`)."""
+        return self._done
+
     def snapshot(self) -> None:
         """Record what the client received so far (the exchange failed before `flush`)."""
         self._view.response = self._builder.response()
