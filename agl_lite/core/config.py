@@ -94,7 +94,8 @@ class UpstreamConfig:
     )
     max_connections: int = option(2048, "Upper bound on open upstream connections (all upstreams together).")
     keepalive_timeout: float = option(
-        30.0, "Seconds an idle upstream connection is kept for reuse (checked with `read_timeout`)."
+        30.0,
+        "Seconds an idle upstream connection is kept for reuse (checked with `read_timeout`); 0: none is.",
     )
     max_event_bytes: int = option(
         32 * MiB,

@@ -42,6 +42,7 @@ __all__ = [
     "HIGH_WATER",
     "LOW_WATER",
     "MAX_HEAD_BYTES",
+    "MIN_TICK",
     "Body",
     "ConnectError",
     "ConnectionPool",
@@ -56,6 +57,9 @@ LOW_WATER = 64 * 1024
 """...and under which it resumes."""
 MAX_HEAD_BYTES = 64 * 1024
 """The most an upstream may send before its response headers are complete (1xx answers included)."""
+
+MIN_TICK = 0.01
+"""The shortest pause between two looks at the timeouts, whatever they are."""
 
 _NO_BODY_STATUSES = frozenset({204, 304})
 
@@ -391,7 +395,10 @@ class ConnectionPool:
         self._closing = False
         self._conns: set[_Connection] = set()
         """Every open connection, in use or idle: what `_sweep` looks at."""
-        self.tick = min(1.0, read_timeout / 4, keepalive_timeout / 4)
+        # (a keep-alive of 0 pools nothing, so it sets no pace; and never a tick of 0: a timer that spins)
+        self.tick = max(
+            MIN_TICK, min(1.0, read_timeout / 4, keepalive_timeout / 4 if keepalive_timeout > 0 else 1.0)
+        )
         """Seconds between two looks at the timeouts (how late one may fire)."""
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -489,7 +496,7 @@ class ConnectionPool:
         return False
 
     def _release(self, conn: _Connection) -> None:
-        if self._closing:
+        if self._closing or self.keepalive_timeout <= 0:
             if conn.transport is not None:
                 conn.transport.close()
             return

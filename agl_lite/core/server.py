@@ -81,6 +81,11 @@ class Gateway:
             )
         if config.upstream.max_event_bytes < 1:
             raise ConfigError(f"{config.source}: upstream.max_event_bytes must be >= 1")
+        if not (config.upstream.read_timeout > 0 and config.upstream.keepalive_timeout >= 0):
+            raise ConfigError(
+                f"{config.source}: upstream.read_timeout must be > 0 and upstream.keepalive_timeout >= 0 "
+                "(0: no connection is kept)"
+            )
         self.config = config
         self.addons = addons
         self.table = RouteTable([*CORE_ROUTES, *addons.routes()])

@@ -219,6 +219,53 @@ async def test_idle_connections_close_after_the_keepalive_timeout() -> None:
     await pool.close()
 
 
+@pytest.mark.parametrize(("keepalive", "read"), [(0.0, 600.0), (30.0, 0.0), (30.0, -1.0)])
+async def test_timeouts_of_zero_pool_nothing_and_never_spin_the_timer(
+    monkeypatch: pytest.MonkeyPatch, keepalive: float, read: float
+) -> None:
+    """A keep-alive of 0 keeps no connection (and a pool built with a zero or negative timeout, which the config
+    refuses, still looks at its connections at most every `MIN_TICK`): a tick of 0 re-armed the pool's timer at
+    every turn of the loop, a whole CPU for as long as a connection was open."""
+    sweeps = 0
+    real_sweep = ConnectionPool._sweep
+
+    def counted(pool: ConnectionPool) -> None:
+        nonlocal sweeps
+        sweeps += 1
+        real_sweep(pool)
+
+    monkeypatch.setattr(ConnectionPool, "_sweep", counted)
+    pool = ConnectionPool(
+        max_connections=8, keepalive_timeout=keepalive, connect_timeout=2, read_timeout=read
+    )
+    assert pool.tick >= http1.MIN_TICK
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.2)  # (the silence the pool's timer runs through)
+        writer.write(b"ok")
+        await reader.read()
+
+    async with Server(slow) as server:
+        try:
+            resp = await pool.request("POST", server.url(), [], b"{}")
+            await resp.read()
+        except TimeoutError:
+            assert read <= 0  # no read may wait on a timeout that is already over
+        else:
+            assert read > 0
+        if keepalive == 0:  # not pooled: closed as soon as its answer was read
+            async with asyncio.timeout(5):
+                while server.closed < 1:
+                    server.changed.clear()
+                    await server.changed.wait()
+        assert pool.open_connections == (0 if keepalive == 0 or read <= 0 else 1)
+    assert sweeps <= 0.3 / http1.MIN_TICK
+    await pool.close()
+
+
 async def test_requests_past_max_connections_wait_for_a_free_one() -> None:
     pool = ConnectionPool(max_connections=2, keepalive_timeout=30, connect_timeout=2, read_timeout=5)
     release = asyncio.Event()

@@ -376,6 +376,15 @@ async def test_a_failing_running_hook_stops_the_gateway_and_frees_its_port(tmp_p
         probe.bind(("127.0.0.1", gateway.port))
 
 
+@pytest.mark.parametrize("upstream", [{"read_timeout": 0}, {"read_timeout": -1}, {"keepalive_timeout": -1}])
+def test_a_read_timeout_that_is_over_or_a_negative_keepalive_is_a_config_error(
+    tmp_path: Path, upstream: dict[str, float]
+) -> None:
+    config = write_config(tmp_path, {"m": ["http://127.0.0.1:9/v1"]}, extra={"upstream": upstream})
+    with pytest.raises(ConfigError, match=next(iter(upstream))):
+        build_gateway(config, [])
+
+
 class _Order:
     """Records the order of the lifecycle: configured, the `configured` callback, running."""
 
