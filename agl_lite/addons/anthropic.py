@@ -168,7 +168,6 @@ class Anthropic:
             translator = StreamTranslator(MessageBuilder(view.client_id or new_message_id(), model), view)
             flow.metadata[_TRANSLATOR] = translator
             resp.transforms.append(translator)
-            resp.stream_done = translator.ended
         else:
             builder = MessageBuilder(view.client_id or new_message_id(), model, emit=False)
             resp.transforms.append(WholeBody(partial(message_body, builder=builder, view=view)))

@@ -159,7 +159,6 @@ class Responses:
             translator = StreamTranslator(builder, view)
             flow.metadata[_TRANSLATOR] = translator
             resp.transforms.append(translator)
-            resp.stream_done = translator.ended
         else:
             resp.transforms.append(WholeBody(partial(response_body, builder=builder, view=view)))
 

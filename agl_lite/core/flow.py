@@ -53,6 +53,13 @@ class Transform(Protocol):
         ...
 
 
+# Two optional members, which the core looks up on a transform (`core.server`): `refuse(err)`, the end a client is
+# owed in place of its own when the end is refused; and `ended()`, for a translation into a stream without
+# `[DONE]`: whether the upstream's `[DONE]` reached it. The core then ends the client's stream there, as at the
+# `[DONE]` of a stream it relays as it is: the transforms are flushed, and what they owe (the translation's last
+# events) is held until `response_end` (the record) is done.
+
+
 class BodyRefused(Exception):
     """Raised by a `WholeBody` conversion whose upstream body is not what it converts (a translation given HTML, a
     `204`, a JSON that is no completion): the client gets `status` with `body` (JSON) in place of the upstream's
@@ -242,11 +249,6 @@ class Response:
     from_upstream: bool = False
     taps: list[Tap] = field(default_factory=list)
     transforms: list[Transform] = field(default_factory=list)
-    stream_done: Callable[[], bool] | None = None
-    """A translating transform's own end of stream: whether the upstream's `[DONE]` reached it. The core then ends
-    the client's stream there, as at the `[DONE]` of a stream it relays as it is: the transforms are flushed, and
-    what they owe (the translation's last events) is held until `response_end` (the record) is done. None: the
-    core looks for `[DONE]` in what the client gets."""
 
     def encoded(self) -> str | None:
         """Why its body cannot be read as it came: a Content-Encoding other than identity (the core asks upstreams

@@ -11,7 +11,7 @@ and:
   `max_connections` open in all (a request waits for one to free up);
 - `connect_timeout` to open a connection, `read_timeout` for the longest silence of an upstream while a response
   is awaited or read (not counted while the client side is slow and reading is paused). The read and keep-alive
-  timeouts are checked by one timer per pool, every `tick` s (at most 1 s, a quarter of the shorter timeout), so
+  timeouts are checked by one timer per pool, every `tick` s (a quarter of the shorter, within 10 ms to 1 s), so
   they fire up to one tick late: a timer armed and cancelled per request and per idle spell cost ~4 µs of CPU
   per call under load;
 - flow control: reading pauses once `HIGH_WATER` bytes wait for the consumer, resumes under `LOW_WATER`;

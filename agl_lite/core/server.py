@@ -378,6 +378,8 @@ class Gateway:
         taps, transforms = response.taps, response.transforms
         ended = False
         flushed = False  # the transforms gave what they owe: a translated stream's end, at its `[DONE]`
+        # (a translation into a stream without `[DONE]` says when the upstream's reached it: `flow.Transform`)
+        ends = [end for t in transforms if (end := getattr(t, "ended", None)) is not None]
         try:
             # `out` is prepared at its first bytes, not before: until then a refused commit can still answer with a
             # status of its own (`_refuse`). (The headers left with the first bytes anyway: one send, not two.)
@@ -418,7 +420,7 @@ class Gateway:
                             pending = (pending or b"") + chunk[: cap - len(pending or b"")]
                         continue
                     cut = done.feed(chunk)
-                    if cut < 0 and response.stream_done is not None and response.stream_done():
+                    if cut < 0 and ends and any(end() for end in ends):
                         # The upstream's `[DONE]` reached a translation (Anthropic, Responses), whose client has
                         # no `[DONE]`: its end is what the translation still owes, held as `[DONE]` is.
                         cut, flushed = len(chunk), True

@@ -118,7 +118,7 @@ class StreamTranslator:
         return encode(self._builder.fail(err.message))
 
     def ended(self) -> bool:
-        """Whether the upstream's `[DONE]` came, no error before it: the stream is whole (`Response.stream_done`)."""
+        """Whether the upstream's `[DONE]` came, no error before it: the stream is whole (`flow.Transform`)."""
         return self._done
 
     def snapshot(self) -> None:
