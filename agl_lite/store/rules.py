@@ -377,7 +377,7 @@ class Store:
         self._ended_listeners.append(listener)
 
     def _ended(self, rollout_id: str, status: RolloutStatus) -> None:
-        self._status[rollout_id] = status
+        self._know(rollout_id, status)
         self._notify_completion()
         for listener in self._ended_listeners:
             listener(rollout_id)
@@ -418,7 +418,7 @@ class Store:
 
         claimed: list[Rollout] = await self._write(Serial(op))
         for rollout in claimed:
-            self._status[rollout.id] = rollout.status
+            self._know(rollout.id, rollout.status)
         return claimed
 
     async def running(self) -> list[tuple[Rollout, list[Attempt]]]:
@@ -475,8 +475,21 @@ class Store:
             rollout = await self._read(lambda repo: repo.get_rollout(rollout_id))
             if rollout is None:
                 return None
-            status = self._status[rollout_id] = rollout.status
+            status = rollout.status
+            # Kept only once it can change no more unannounced: a start through another replica (a claim) is not
+            # announced, an end is (`_ended`). A queued state kept would refuse the rollout's agents here for good.
+            if status is not RolloutStatus.QUEUING:
+                status = self._know(rollout_id, status)
         return status
+
+    def _know(self, rollout_id: str, status: RolloutStatus) -> RolloutStatus:
+        """Keep `status` unless this store knows a later one, and return what it keeps. A read resumes after its
+        snapshot was taken: the rollout may have ended meanwhile (`_ended`), and a running state read before the
+        end must not take the end's place (the key would work for good)."""
+        known = self._status.get(rollout_id)
+        if known is None or status in ROLLOUT_NEXT[known]:
+            self._status[rollout_id] = known = status
+        return known
 
     async def agent_gate(self, rollout_id: str, attempt_id: str) -> None:
         """What an agent key needs on every call: its rollout is running, and its attempt exists or can be

@@ -485,6 +485,35 @@ async def test_agent_gate_follows_the_rollout_through_its_life(store: Store) -> 
         await store.agent_gate("nope", "pod-1")
 
 
+async def test_a_status_read_that_resumes_after_the_rollout_ended_does_not_reopen_its_key(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate's status read (a replica that had not seen the rollout, or one that forgot its states) took its
+    snapshot while the rollout ran; the rollout ended before the read came back. What the read brings must not
+    take the place of the end this store already knows: kept, the key worked for good."""
+    await running_rollout(store)
+    store._status.clear()  # not seen yet here
+    read_done, release = asyncio.Event(), asyncio.Event()
+    read = store._read
+
+    async def slow_read(fn: Any) -> Any:
+        value = await read(fn)
+        read_done.set()
+        await release.wait()
+        return value
+
+    monkeypatch.setattr(store, "_read", slow_read)
+    asking = asyncio.ensure_future(store.rollout_status("r1"))
+    await read_done.wait()  # the read saw it running
+    monkeypatch.setattr(store, "_read", read)
+    await store.cancel("r1")
+    release.set()
+    await asking
+    with pytest.raises(Forbidden, match="cancelled"):
+        await store.agent_gate("r1", "pod-1")
+    assert await store.rollout_status("r1") is RolloutStatus.CANCELLED
+
+
 async def test_agent_gate_refuses_an_attempt_that_ended(store: Store) -> None:
     await running_rollout(store, max_attempts=2)
     await store.agent_gate("r1", "pod-1")

@@ -149,6 +149,25 @@ async def test_a_rollouts_token_and_byte_totals_count_every_replicas_writes(post
         await b.close()
 
 
+async def test_a_rollout_claimed_through_one_replica_opens_its_agent_key_on_the_other(
+    postgres_db: str,
+) -> None:
+    """A replica that saw a rollout queued (an admin's call on its agent path, refused then) must not keep that
+    state: its start through another replica is not announced, so a queued state kept would refuse the rollout's
+    agents there for good."""
+    a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
+    try:
+        await a.enqueue([RolloutSpec(input=1, id="r")])
+        with pytest.raises(Forbidden, match="queuing"):
+            await b.agent_gate("r", "a1")
+        await a.claim("runner", 1)
+        await b.agent_gate("r", "a1")  # running: open on b too
+        assert await b.rollout_status("r") is RolloutStatus.RUNNING
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_an_attempt_ended_through_one_replica_is_refused_by_the_others_gate(postgres_db: str) -> None:
     a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
     try:
