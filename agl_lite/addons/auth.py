@@ -115,9 +115,14 @@ class Auth:
         self._admit(flow, principal.role, rollout_id)
 
     def _admit(self, flow: Flow, role: KeyRole, rollout_id: str | None) -> None:
-        flow.metadata["auth.role"] = role
         if rollout_id is not None and flow.route.kind is RouteKind.LLM:
+            # The gate's write can commit in the same group commit as the rollout's end, whose listeners ran before
+            # this flow was in flight to be cut: asked again here, with no await between the answer and the entry.
+            status = self.store.known_status(rollout_id) if self.store is not None else None
+            if status is not None and status.terminal:
+                raise Forbidden(f"rollout {rollout_id!r} is {status.value}: it ended as this call was let in")
             self._in_flight.setdefault(rollout_id, set()).add(flow)
+        flow.metadata["auth.role"] = role
 
     def flow_done(self, flow: Flow) -> None:
         rollout_id = flow.metadata.get("auth.rollout_id")

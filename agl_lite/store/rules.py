@@ -189,6 +189,10 @@ def _check_id(kind: str, value: str) -> str:
     return value
 
 
+_KEPT = 100_000
+"""Rollout states, attempts seen and attempt ends the agent gate's caches hold before they are dropped whole."""
+
+
 class Store:
     """The async store every addon, runner and client uses. Subclasses provide `_write`, `_read` and `close`.
 
@@ -214,8 +218,15 @@ class Store:
         self._enqueued = asyncio.Event()
         self.completion_waiters = 0
         """Long-polls now waiting for a completion (metrics, and tests that must know one is waiting)."""
+        # What the agent gate asks on every call, kept: rollout states (`_know`) and attempts seen running. A read or
+        # a write's note that began before something made them untrustworthy must not keep what it brings:
+        # `_forgot` counts the times they were dropped whole (a catch-up after lost notifications, the size bound),
+        # `_attempt_ends` holds the `_era` (a count of attempt ends) at which each attempt's end was last heard.
         self._status: dict[str, RolloutStatus] = {}
         self._seen_attempts: set[tuple[str, str]] = set()
+        self._forgot = 0
+        self._era = 0
+        self._attempt_ends: dict[tuple[str, str], int] = {}
         self._model_listeners: list[Callable[[ModelRecord], None]] = []
         self._model_removed: list[Callable[[ModelRecord], None]] = []
         self._ended_listeners: list[Callable[[str], None]] = []
@@ -472,15 +483,21 @@ class Store:
         """A rollout's status, from the cache when this store has seen it (None: no such rollout)."""
         status = self._status.get(rollout_id)
         if status is None:
+            forgot = self._forgot
             rollout = await self._read(lambda repo: repo.get_rollout(rollout_id))
             if rollout is None:
                 return None
             status = rollout.status
             # Kept only once it can change no more unannounced: a start through another replica (a claim) is not
             # announced, an end is (`_ended`). A queued state kept would refuse the rollout's agents here for good.
-            if status is not RolloutStatus.QUEUING:
+            # Nor kept when the states were dropped meanwhile: an end heard before that would be lost again.
+            if status is not RolloutStatus.QUEUING and self._forgot == forgot:
                 status = self._know(rollout_id, status)
         return status
+
+    def known_status(self, rollout_id: str) -> RolloutStatus | None:
+        """The rollout's state as this store knows it now, without reading (None: not known here)."""
+        return self._status.get(rollout_id)
 
     def _know(self, rollout_id: str, status: RolloutStatus) -> RolloutStatus:
         """Keep `status` unless this store knows a later one, and return what it keeps. A read resumes after its
@@ -488,8 +505,28 @@ class Store:
         end must not take the end's place (the key would work for good)."""
         known = self._status.get(rollout_id)
         if known is None or status in ROLLOUT_NEXT[known]:
+            if known is None and len(self._status) >= _KEPT:
+                self._forget()  # a cache: the store stays the truth
             self._status[rollout_id] = known = status
         return known
+
+    def _forget(self) -> None:
+        """Drop every kept state; reads and notes in flight then keep nothing of what they bring."""
+        self._status.clear()
+        self._seen_attempts.clear()
+        self._attempt_ends.clear()
+        self._forgot += 1
+
+    def _attempt_ended(self, rollout_id: str, attempt_id: str) -> None:
+        """An attempt ended (here, or heard from another replica): its key goes back to asking the store, and a gate
+        whose read began before does not put it back (on PostgreSQL a read-only transaction that commits after the
+        end can still be ordered before it)."""
+        pair = (rollout_id, attempt_id)
+        self._seen_attempts.discard(pair)
+        self._era += 1
+        if len(self._attempt_ends) >= _KEPT:
+            self._forget()
+        self._attempt_ends[pair] = self._era
 
     async def agent_gate(self, rollout_id: str, attempt_id: str) -> None:
         """What an agent key needs on every call: its rollout is running, and its attempt exists or can be
@@ -504,13 +541,20 @@ class Store:
             )
         if (rollout_id, attempt_id) not in self._seen_attempts:
             pair = (rollout_id, attempt_id)
+            era, forgot = self._era, self._forgot
 
             def seen(attempt: Attempt) -> None:
                 # As the write commits, in commit order: an `update_attempt` that ends this attempt and commits
-                # after it takes the pair out again, whenever this caller resumes.
-                if attempt.status is AttemptStatus.RUNNING:
-                    if len(self._seen_attempts) > 100_000:
-                        self._seen_attempts.clear()  # a cache: the store stays the truth
+                # after it takes the pair out again, whenever this caller resumes. An end heard since the gate
+                # began (another replica's, whose commit this read may be ordered before) keeps it out.
+                if (
+                    attempt.status is AttemptStatus.RUNNING
+                    and self._forgot == forgot
+                    and self._attempt_ends.get(pair, 0) <= era
+                ):
+                    if len(self._seen_attempts) >= _KEPT:
+                        self._forget()
+                        return
                     self._seen_attempts.add(pair)
 
             attempt = await self._then_note(self._start_attempt_op(rollout_id, attempt_id), seen)
@@ -585,9 +629,8 @@ class Store:
 
         # Out of the cache at once (a call from now on asks the store) and again as the write commits: a gate that
         # saw the attempt running in a write committed before this one must not put it back afterwards.
-        pair = (rollout_id, attempt_id)
-        self._seen_attempts.discard(pair)
-        return await self._then_note(op, lambda _: self._seen_attempts.discard(pair))
+        self._attempt_ended(rollout_id, attempt_id)
+        return await self._then_note(op, lambda _: self._attempt_ended(rollout_id, attempt_id))
 
     async def attempts(self, rollout_id: str) -> list[Attempt]:
         await self.get_rollout(rollout_id)

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,8 +12,10 @@ from agl_lite.core.config import GatewayConfig
 from agl_lite.core.contract import KeyRole, derive_key
 from agl_lite.core.flow import Flow
 from agl_lite.errors import ConfigError, Forbidden, Unauthorized
+from agl_lite.store.sqlite import SQLiteStore
 from agl_lite.testing.flows import make_flow
 from tests.conftest import ADMIN_KEY
+from tests.store.test_rules import running_rollout
 
 AGENT_PATH = "/r/ro-1/a/at-1/v1/chat/completions"
 
@@ -93,3 +97,31 @@ def test_short_admin_key_stops_start_up(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("AGL_KEY", "short")
     with pytest.raises(ConfigError, match="too short"):
         Auth().configure(GatewayConfig(), Auth.Options())
+
+
+async def test_a_call_whose_gate_commits_with_its_rollouts_end_is_refused(tmp_path: Path) -> None:
+    """An attempt's first call and the rollout's end in one group commit: the end's listeners (which cut the
+    rollout's calls in flight) ran before the call was in flight, so it was admitted after the end and never cut."""
+    store = await SQLiteStore.open(tmp_path / "store.db")
+    try:
+        await running_rollout(store, "ro-1")
+        auth = Auth()
+        auth.configure(GatewayConfig(), Auth.Options())
+        auth.store = store  # (what `configure` takes from the services with a store in the chain)
+        store.on_rollout_ended(auth._rollout_ended)
+        flow = make_flow(
+            "POST",
+            "/r/ro-1/a/at-1/v1/chat/completions",
+            json_body={"model": "m"},
+            headers={"Authorization": f"Bearer {derive_key(ADMIN_KEY, 'ro-1')}"},
+            routes=Router.routes,
+        )
+        calling = asyncio.ensure_future(auth.request_headers(flow))  # at-1's first call: a gate write
+        cancelling = asyncio.ensure_future(store.cancel("ro-1"))  # the trainer, in the same group commit
+        await cancelling
+        with pytest.raises(Forbidden, match="ended as this call was let in"):
+            await calling
+        assert "auth.role" not in flow.metadata  # refused: capture records nothing of it
+        assert not auth._in_flight
+    finally:
+        await store.close()

@@ -24,6 +24,24 @@ from agl_lite.store.rules import EventSpec, RolloutFilter, RolloutSpec, Store
 from agl_lite.store.sqlite import SQLiteRepo
 
 
+class HeldRead:
+    """The store's next read held once it has read (its snapshot taken) until `release` is set; the reads after it
+    run as usual."""
+
+    def __init__(self, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.read, self.release = asyncio.Event(), asyncio.Event()
+        read = store._read
+
+        async def held(fn: Any) -> Any:
+            monkeypatch.setattr(store, "_read", read)
+            value = await read(fn)
+            self.read.set()
+            await self.release.wait()
+            return value
+
+        monkeypatch.setattr(store, "_read", held)
+
+
 async def running_rollout(store: Store, rid: str = "r1", **config: object) -> None:
     await store.enqueue([RolloutSpec(input={"q": 1}, id=rid, config=RolloutConfig(**config))])  # type: ignore[arg-type]
     claimed = await store.claim("runner-a", 100)
@@ -493,21 +511,11 @@ async def test_a_status_read_that_resumes_after_the_rollout_ended_does_not_reope
     take the place of the end this store already knows: kept, the key worked for good."""
     await running_rollout(store)
     store._status.clear()  # not seen yet here
-    read_done, release = asyncio.Event(), asyncio.Event()
-    read = store._read
-
-    async def slow_read(fn: Any) -> Any:
-        value = await read(fn)
-        read_done.set()
-        await release.wait()
-        return value
-
-    monkeypatch.setattr(store, "_read", slow_read)
+    held = HeldRead(store, monkeypatch)
     asking = asyncio.ensure_future(store.rollout_status("r1"))
-    await read_done.wait()  # the read saw it running
-    monkeypatch.setattr(store, "_read", read)
+    await held.read.wait()  # the read saw it running
     await store.cancel("r1")
-    release.set()
+    held.release.set()
     await asking
     with pytest.raises(Forbidden, match="cancelled"):
         await store.agent_gate("r1", "pod-1")

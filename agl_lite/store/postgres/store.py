@@ -229,7 +229,7 @@ class PostgresStore(Store):
                 loop.call_soon_threadsafe(listener, pause)
         elif kind == "attempt":
             rollout_id, _, attempt_id = rest.partition(" ")
-            loop.call_soon_threadsafe(self._seen_attempts.discard, (rollout_id, attempt_id))
+            loop.call_soon_threadsafe(self._attempt_ended, rollout_id, attempt_id)
         elif kind in ("model", "unmodel"):
             asyncio.run_coroutine_threadsafe(self._model_heard(kind == "model", rest), loop)
 
@@ -237,7 +237,7 @@ class PostgresStore(Store):
         """After notifications were lost (the listening connection broke): the shared pause and the models read
         again, the rollouts' states forgotten (read again when next asked), every waiter woken to read again."""
         log.info("store notifications resumed; reading what they may have missed")
-        self._status.clear()
+        self._forget()  # the rollout states and the attempts seen: an end may have been missed
         self._notify_completion()
         self._notify_enqueued()
         try:

@@ -122,7 +122,7 @@ class SQLiteStore(Store):
         # Counters with one writer each, so that no update is lost between the loop and the thread.
         self._submitted = 0  # writes made (the loop's)
         self._handed = 0  # batches handed to the writer thread (the loop's)
-        self._thread_done = 0  # batches the writer thread finished (the thread's)
+        self._thread_done = 0  # batches the writer thread finished whose notes ran on the loop (the loop's)
         self._checkpoints_asked = 0  # (the loop's)
         self._checkpoints_done = 0  # (the thread's)
         self._since_checkpoint = 0  # commits (the loop's)
@@ -300,9 +300,23 @@ class SQLiteStore(Store):
                     thread_commits = thread_writes = 0
                     if _wal_bytes(self.path) > WAL_LIMIT:
                         self._truncate_wal(self._conn)
-            self._thread_done += handed
+            self._thread_settled(batch[0][2], handed)
         if checkpointer is not None:
             checkpointer.close()
+
+    def _thread_settled(self, loop: asyncio.AbstractEventLoop, handed: int) -> None:
+        """Count the thread's batches done on the loop, after the notes it sent there (`call_soon_threadsafe` keeps
+        their order). Counted on the thread, the loop committed its next batch inline before these notes ran, and
+        that batch's notes ran first: a gate's note put back an attempt whose end committed after it, a first read
+        of a rollout's token total overwrote a call counted after it (`settle_all` promises commit order)."""
+
+        def count() -> None:
+            self._thread_done += handed
+
+        try:
+            loop.call_soon_threadsafe(count)
+        except RuntimeError:  # the loop is closed: no note of this store runs any more
+            count()
 
     def _truncate_wal(self, conn: sqlite3.Connection) -> None:
         """Checkpoint the whole WAL and cut it to nothing. That needs a moment when no read holds an older

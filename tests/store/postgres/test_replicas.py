@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -17,9 +21,28 @@ from agl_lite.store.rules import EventSpec, RolloutSpec
 from agl_lite.testing.gateway import write_config
 from bench.harness.gateway_process import gateway_processes, start_gateway
 from tests.conftest import ADMIN_KEY
-from tests.store.test_rules import call
+from tests.store.test_rules import HeldRead, call
 
 CHAIN = ("store", "auth", "store_api")
+
+
+@asynccontextmanager
+async def not_listening(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> AsyncIterator[None]:
+    """`store` misses every notification made within (its listening connection was down); leaving waits until it
+    missed one that starts with `kind`."""
+    heard, missed = store._heard, threading.Event()
+
+    def deaf(loop: Any, payload: str) -> None:
+        if payload.startswith(kind):
+            missed.set()
+
+    monkeypatch.setattr(store, "_heard", deaf)
+    yield
+    assert await asyncio.to_thread(missed.wait, 10)
+    monkeypatch.setattr(store, "_heard", heard)
+
 
 ROLLOUTS = 10_000
 LOOPS = 8
@@ -180,6 +203,99 @@ async def test_an_attempt_ended_through_one_replica_is_refused_by_the_others_gat
                 await asyncio.sleep(0.01)
         with pytest.raises(Forbidden, match="'pod-1' is lost"):
             await b.agent_gate("r", "pod-1")
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_gate_whose_snapshot_predates_an_attempts_end_on_another_replica_does_not_reopen_it(
+    postgres_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """b's gate, at its first sight of an attempt that exists, only reads: under SERIALIZABLE its transaction can
+    commit after a's end of the attempt and still be ordered before it. b hears of the end first; the gate's note,
+    which runs at its commit, must not put the attempt back as running."""
+    a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
+    try:
+        await a.enqueue([RolloutSpec(input=1, id="r", config=RolloutConfig(max_attempts=3))])
+        await a.claim("runner", 1)
+        await a.agent_gate("r", "pod-1")  # the attempt started through a
+        pair = ("r", "pod-1")
+        heard = asyncio.Event()
+
+        class Watched(set[tuple[str, str]]):
+            def discard(self, item: Any) -> None:
+                super().discard(item)
+                if item == pair:
+                    heard.set()
+
+        monkeypatch.setattr(b, "_seen_attempts", Watched())
+        op_ran, release = threading.Event(), threading.Event()
+        start_op = b._start_attempt_op
+
+        def held_op(rollout_id: str, attempt_id: str | None) -> Any:
+            op = start_op(rollout_id, attempt_id)
+
+            def run(repo: Any) -> Any:
+                found = op(repo)  # b's transaction sees the attempt running
+                op_ran.set()
+                release.wait(10)  # b's writer is slower to commit than a's
+                return found
+
+            return run
+
+        monkeypatch.setattr(b, "_start_attempt_op", held_op)
+        gate = asyncio.ensure_future(b.agent_gate("r", "pod-1"))  # b's first sight of pod-1
+        assert await asyncio.to_thread(op_ran.wait, 10)
+        await a.update_attempt("r", "pod-1", AttemptStatus.LOST)  # the runner: pod evicted
+        await asyncio.wait_for(heard.wait(), 10)  # b heard of it
+        release.set()
+        await gate  # (b's transaction only read: it commits, serialised before a's)
+        with pytest.raises(Forbidden, match="'pod-1' is lost"):
+            await b.agent_gate("r", "pod-1")
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_an_attempt_ended_while_a_replica_was_not_listening_is_refused_there_once_it_caught_up(
+    postgres_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """b's listening connection broke (a server restart, a network blip): what was notified meanwhile is lost,
+    and `_caught_up` (run when it listens again) must forget what those notifications would have changed."""
+    a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
+    try:
+        await a.enqueue([RolloutSpec(input=1, id="r", config=RolloutConfig(max_attempts=3))])
+        await a.claim("runner", 1)
+        await b.agent_gate("r", "pod-1")  # the attempt started, and known to b
+        async with not_listening(b, monkeypatch, "attempt "):
+            await a.update_attempt("r", "pod-1", AttemptStatus.LOST)  # its notification: lost to b
+        await b._caught_up()  # what `_listen` runs on b's loop once it listens again
+        with pytest.raises(Forbidden, match="'pod-1' is lost"):
+            await b.agent_gate("r", "pod-1")
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_status_read_in_flight_across_a_catch_up_does_not_reopen_an_ended_rollout(
+    postgres_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """b asks for r's status (its snapshot: running); r is cancelled through a while b is not listening; b listens
+    again and forgets its states (`_caught_up`); then b's read comes back."""
+    a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
+    try:
+        await a.enqueue([RolloutSpec(input=1, id="r")])
+        await a.claim("runner", 1)
+        held = HeldRead(b, monkeypatch)
+        asking = asyncio.ensure_future(b.rollout_status("r"))  # (b had not seen r)
+        await held.read.wait()
+        async with not_listening(b, monkeypatch, "ended "):
+            await a.cancel("r")
+        await b._caught_up()
+        held.release.set()
+        await asking
+        # what b's auth asks for r's grader key (auth.py: `rollout_status(...) is not RUNNING` refuses it)
+        assert await b.rollout_status("r") is RolloutStatus.CANCELLED
     finally:
         await a.close()
         await b.close()

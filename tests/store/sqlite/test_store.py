@@ -8,15 +8,19 @@ import random
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from agl_lite.errors import Conflict
-from agl_lite.store.records import RolloutStatus
+from agl_lite.errors import Conflict, Forbidden
+from agl_lite.store.records import AttemptStatus, RolloutStatus
 from agl_lite.store.rules import EventSpec, RolloutSpec
 from agl_lite.store.sqlite import SQLiteStore
 from agl_lite.store.sqlite import store as store_module
+from tests.store.sqlite.conftest import TurnCall
+from tests.store.test_rules import running_rollout
 
 
 async def test_data_survives_close_and_reopen(tmp_path: Path) -> None:
@@ -235,3 +239,74 @@ async def test_the_wal_stays_bounded_under_overlapping_reads_and_goes_on_close(
         writing = False
         await store.close()
     assert not wal.exists() or wal.stat().st_size == 0
+
+
+class _ThreadCommitsOnce:
+    """The database locked by another process for one inline commit: that batch goes to the writer thread. The
+    loop is then kept busy until the thread committed it, so that the next batch is flushed on the loop right
+    after, before the thread's notes ran there."""
+
+    def __init__(self, store: SQLiteStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.committed = threading.Event()
+        self._locked = False
+        begin, commit = store._begin, store._commit_batch
+
+        def begin_locked_once(wait: bool) -> None:
+            if not wait and not self._locked:
+                self._locked = True
+                raise store_module._Locked
+            begin(wait)
+
+        def commit_batch(batch: Any, *, wait: bool) -> bool:
+            done = commit(batch, wait=wait)
+            if wait:  # (only the thread waits)
+                self.committed.set()
+            return done
+
+        monkeypatch.setattr(store, "_begin", begin_locked_once)
+        monkeypatch.setattr(store, "_commit_batch", commit_batch)
+
+    def busy_loop(self) -> None:
+        assert self.committed.wait(10)
+
+
+async def test_a_gate_committed_on_the_thread_does_not_reopen_an_attempt_that_ended_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`settle_all` runs the writes' notes in commit order. A batch the thread committed used to count as done
+    before its notes ran on the loop; the loop then committed the next batch inline and ran its notes first: the
+    gate's note put back an attempt that the later write had ended, and its key worked again."""
+    store = await SQLiteStore.open(tmp_path / "store.db")
+    try:
+        await running_rollout(store, max_attempts=2)
+        held = _ThreadCommitsOnce(store, monkeypatch)
+        gate = asyncio.ensure_future(store.agent_gate("r1", "pod-1"))  # first sight of pod-1: a write
+        await asyncio.sleep(0)  # its write queued; its flush comes next on the loop
+        ended = asyncio.ensure_future(store.update_attempt("r1", "pod-1", AttemptStatus.FAILED))
+        asyncio.get_running_loop().call_soon(held.busy_loop)
+        await gate
+        await ended
+        with pytest.raises(Forbidden, match="failed"):
+            await store.agent_gate("r1", "pod-1")
+    finally:
+        await store.close()
+
+
+async def test_a_first_token_total_read_on_the_thread_does_not_drop_a_call_committed_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, turn_call: TurnCall
+) -> None:
+    store = await SQLiteStore.open(tmp_path / "store.db")
+    try:
+        await running_rollout(store, "r", token_budget=5)
+        await store.start_attempt("r", "a")
+        held = _ThreadCommitsOnce(store, monkeypatch)
+        total = asyncio.ensure_future(store.tokens_used("r"))  # the tokens addon's first look at r
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # its read queued on the writer; its flush comes next on the loop
+        adding = asyncio.ensure_future(store.add_call(turn_call(1, [1, 2, 3], [4, 5])))
+        asyncio.get_running_loop().call_soon(held.busy_loop)
+        assert await total == 0  # read before the call committed
+        await adding
+        assert await store.tokens_used("r") == 5  # what the budget compares
+    finally:
+        await store.close()
