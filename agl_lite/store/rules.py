@@ -427,10 +427,13 @@ class Store:
                 out.append(rollout)
             return out
 
-        claimed: list[Rollout] = await self._write(Serial(op))
-        for rollout in claimed:
-            self._know(rollout.id, rollout.status)
-        return claimed
+        def keep(claimed: list[Rollout]) -> None:
+            # In commit order, as the ends' notes are: an end committed after the claim (even in the same batch)
+            # always has the last word, whatever was forgotten in between.
+            for rollout in claimed:
+                self._know(rollout.id, rollout.status)
+
+        return await self._then_note(Serial(op), keep)
 
     async def running(self) -> list[tuple[Rollout, list[Attempt]]]:
         """Every running rollout with its attempts: what a runner reconciles against."""
@@ -498,6 +501,12 @@ class Store:
     def known_status(self, rollout_id: str) -> RolloutStatus | None:
         """The rollout's state as this store knows it now, without reading (None: not known here)."""
         return self._status.get(rollout_id)
+
+    @property
+    def forgets(self) -> int:
+        """How many times this store dropped every state it kept (at the caches' bound; after notifications were
+        lost): a caller that compares `known_status` with what it saw before must ask again when this moved."""
+        return self._forgot
 
     def _know(self, rollout_id: str, status: RolloutStatus) -> RolloutStatus:
         """Keep `status` unless this store knows a later one, and return what it keeps. A read resumes after its

@@ -12,6 +12,8 @@ from agl_lite.core.config import GatewayConfig
 from agl_lite.core.contract import KeyRole, derive_key
 from agl_lite.core.flow import Flow
 from agl_lite.errors import ConfigError, Forbidden, Unauthorized
+from agl_lite.store import rules
+from agl_lite.store.rules import RolloutSpec
 from agl_lite.store.sqlite import SQLiteStore
 from agl_lite.testing.flows import make_flow
 from tests.conftest import ADMIN_KEY
@@ -122,6 +124,40 @@ async def test_a_call_whose_gate_commits_with_its_rollouts_end_is_refused(tmp_pa
         with pytest.raises(Forbidden, match="ended as this call was let in"):
             await calling
         assert "auth.role" not in flow.metadata  # refused: capture records nothing of it
+        assert not auth._in_flight
+    finally:
+        await store.close()
+
+
+async def test_a_call_whose_gate_commits_with_its_rollouts_end_is_refused_when_the_store_forgot_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, with a third write in the same group commit (another rollout's end) that takes the store's caches
+    past their bound: they are dropped, the ended rollout's state with them, before the gate's caller resumes."""
+    store = await SQLiteStore.open(tmp_path / "store.db")
+    try:
+        await store.enqueue([RolloutSpec(input={}, id=r) for r in ("ro-1", "ro-2")])
+        await store.claim("runner", 10)
+        del store._status["ro-2"]  # the cache holds ro-1 only ...
+        monkeypatch.setattr(rules, "_KEPT", len(store._status))  # ... and is full
+        auth = Auth()
+        auth.configure(GatewayConfig(), Auth.Options())
+        auth.store = store
+        store.on_rollout_ended(auth._rollout_ended)
+        flow = make_flow(
+            "POST",
+            "/r/ro-1/a/at-1/v1/chat/completions",
+            json_body={"model": "m"},
+            headers={"Authorization": f"Bearer {derive_key(ADMIN_KEY, 'ro-1')}"},
+            routes=Router.routes,
+        )
+        calling = asyncio.ensure_future(auth.request_headers(flow))  # at-1's first call: a gate write
+        ending = asyncio.ensure_future(store.cancel("ro-1"))  # in the same group commit
+        forgetting = asyncio.ensure_future(store.cancel("ro-2"))  # too: its state is one past the bound
+        await ending
+        await forgetting
+        with pytest.raises(Forbidden, match="cancelled"):
+            await calling
         assert not auth._in_flight
     finally:
         await store.close()

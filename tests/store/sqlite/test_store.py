@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agl_lite.errors import Conflict, Forbidden
+from agl_lite.store import rules
 from agl_lite.store.records import AttemptStatus, RolloutStatus
 from agl_lite.store.rules import EventSpec, RolloutSpec
 from agl_lite.store.sqlite import SQLiteStore
@@ -308,5 +309,29 @@ async def test_a_first_token_total_read_on_the_thread_does_not_drop_a_call_commi
         assert await total == 0  # read before the call committed
         await adding
         assert await store.tokens_used("r") == 5  # what the budget compares
+    finally:
+        await store.close()
+
+
+async def test_a_claim_and_an_end_in_one_commit_leave_the_end_known_though_the_caches_were_dropped_between(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim and the trainer's cancel of the rollout in one group commit, claim first, and a third write whose
+    state takes the caches past their bound. The claim kept `running` after the caches were dropped (the cancel's
+    end with them): the rollout's grader key (auth asks `rollout_status`) worked for good."""
+    store = await SQLiteStore.open(tmp_path / "store.db")
+    try:
+        await store.enqueue([RolloutSpec(input={}, id=r) for r in ("r0", "r2")])
+        await store.claim("runner", 10)
+        del store._status["r2"]
+        await store.enqueue([RolloutSpec(input={}, id="r1")])
+        monkeypatch.setattr(rules, "_KEPT", len(store._status))  # the caches full
+        claiming = asyncio.ensure_future(store.claim("runner", 10))  # takes r1
+        cancelling = asyncio.ensure_future(store.cancel("r1"))  # in the same commit, after the claim
+        forgetting = asyncio.ensure_future(store.cancel("r2"))  # too: one past the bound
+        assert [r.id for r in await claiming] == ["r1"]
+        await cancelling
+        await forgetting
+        assert await store.rollout_status("r1") is RolloutStatus.CANCELLED
     finally:
         await store.close()
