@@ -101,23 +101,33 @@ def test_short_admin_key_stops_start_up(monkeypatch: pytest.MonkeyPatch) -> None
         Auth().configure(GatewayConfig(), Auth.Options())
 
 
+def _auth_on(store: SQLiteStore) -> Auth:
+    """Auth as `configure` leaves it with a store in the chain, told of the rollouts' ends."""
+    auth = Auth()
+    auth.configure(GatewayConfig(), Auth.Options())
+    auth.store = store
+    store.on_rollout_ended(auth._rollout_ended)
+    return auth
+
+
+def _first_call(rollout_id: str) -> Flow:
+    """An agent's LLM call, as attempt at-1 of `rollout_id`."""
+    return make_flow(
+        "POST",
+        f"/r/{rollout_id}/a/at-1/v1/chat/completions",
+        json_body={"model": "m"},
+        headers={"Authorization": f"Bearer {derive_key(ADMIN_KEY, rollout_id)}"},
+        routes=Router.routes,
+    )
+
+
 async def test_a_call_whose_gate_commits_with_its_rollouts_end_is_refused(tmp_path: Path) -> None:
     """An attempt's first call and the rollout's end in one group commit: the end's listeners (which cut the
     rollout's calls in flight) ran before the call was in flight, so it was admitted after the end and never cut."""
     store = await SQLiteStore.open(tmp_path / "store.db")
     try:
         await running_rollout(store, "ro-1")
-        auth = Auth()
-        auth.configure(GatewayConfig(), Auth.Options())
-        auth.store = store  # (what `configure` takes from the services with a store in the chain)
-        store.on_rollout_ended(auth._rollout_ended)
-        flow = make_flow(
-            "POST",
-            "/r/ro-1/a/at-1/v1/chat/completions",
-            json_body={"model": "m"},
-            headers={"Authorization": f"Bearer {derive_key(ADMIN_KEY, 'ro-1')}"},
-            routes=Router.routes,
-        )
+        auth, flow = _auth_on(store), _first_call("ro-1")
         calling = asyncio.ensure_future(auth.request_headers(flow))  # at-1's first call: a gate write
         cancelling = asyncio.ensure_future(store.cancel("ro-1"))  # the trainer, in the same group commit
         await cancelling
@@ -140,17 +150,7 @@ async def test_a_call_whose_gate_commits_with_its_rollouts_end_is_refused_when_t
         await store.claim("runner", 10)
         del store._status["ro-2"]  # the cache holds ro-1 only ...
         monkeypatch.setattr(rules, "_KEPT", len(store._status))  # ... and is full
-        auth = Auth()
-        auth.configure(GatewayConfig(), Auth.Options())
-        auth.store = store
-        store.on_rollout_ended(auth._rollout_ended)
-        flow = make_flow(
-            "POST",
-            "/r/ro-1/a/at-1/v1/chat/completions",
-            json_body={"model": "m"},
-            headers={"Authorization": f"Bearer {derive_key(ADMIN_KEY, 'ro-1')}"},
-            routes=Router.routes,
-        )
+        auth, flow = _auth_on(store), _first_call("ro-1")
         calling = asyncio.ensure_future(auth.request_headers(flow))  # at-1's first call: a gate write
         ending = asyncio.ensure_future(store.cancel("ro-1"))  # in the same group commit
         forgetting = asyncio.ensure_future(store.cancel("ro-2"))  # too: its state is one past the bound
