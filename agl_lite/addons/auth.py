@@ -96,7 +96,7 @@ class Auth:
             if route.kind is RouteKind.LLM and rollout_id is not None and self.store is not None:
                 # The admin key may call as any agent, by the rollout's rules: while it runs, as an attempt that
                 # exists or can start (else its calls would land in an ended rollout, or in no attempt at all).
-                await self._gate(self.store, rollout_id, flow.request.path_params["attempt_id"])
+                await self.store.agent_gate(rollout_id, flow.request.path_params["attempt_id"])
             self._admit(flow, principal.role, rollout_id)
             return
         if route.scope in (Scope.ADMIN, Scope.SESSION):
@@ -107,23 +107,12 @@ class Auth:
             raise Forbidden("this key belongs to another rollout")
         if self.store is not None and rollout_id is not None:
             if principal.role is KeyRole.AGENT:
-                await self._gate(self.store, rollout_id, flow.request.path_params["attempt_id"])
+                await self.store.agent_gate(rollout_id, flow.request.path_params["attempt_id"])
             elif await self.store.rollout_status(rollout_id) is not RolloutStatus.RUNNING:
                 raise Forbidden(f"rollout {rollout_id!r} is not running: its grader key no longer works")
         # Only now: a refused flow must leave no trace (capture records only flows with a role), least of all an
         # `llm_call` event in a rollout that has ended or that the key does not belong to.
         self._admit(flow, principal.role, rollout_id)
-
-    @staticmethod
-    async def _gate(store: Store, rollout_id: str, attempt_id: str) -> None:
-        """The store's agent gate, asked again when the store dropped the states it kept while it ran: `_admit`
-        trusts what the store knows once the gate passed, and an end heard during the gate may have been dropped
-        with them (rare: at the caches' bound, or after lost notifications)."""
-        while True:
-            forgets = store.forgets
-            await store.agent_gate(rollout_id, attempt_id)
-            if store.forgets == forgets:
-                return
 
     def _admit(self, flow: Flow, role: KeyRole, rollout_id: str | None) -> None:
         if rollout_id is not None and flow.route.kind is RouteKind.LLM:

@@ -502,12 +502,6 @@ class Store:
         """The rollout's state as this store knows it now, without reading (None: not known here)."""
         return self._status.get(rollout_id)
 
-    @property
-    def forgets(self) -> int:
-        """How many times this store dropped every state it kept (at the caches' bound; after notifications were
-        lost): a caller that compares `known_status` with what it saw before must ask again when this moved."""
-        return self._forgot
-
     def _know(self, rollout_id: str, status: RolloutStatus) -> RolloutStatus:
         """Keep `status` unless this store knows a later one, and return what it keeps. A read resumes after its
         snapshot was taken: the rollout may have ended meanwhile (`_ended`), and a running state read before the
@@ -540,6 +534,7 @@ class Store:
     async def agent_gate(self, rollout_id: str, attempt_id: str) -> None:
         """What an agent key needs on every call: its rollout is running, and its attempt exists or can be
         upserted now (first sight of a pod UID) within the rollout's attempt cap. Forbidden or Conflict otherwise.
+        Once it passed, `known_status` holds the rollout's state, and its end if that was heard meanwhile.
         """
         status = await self.rollout_status(rollout_id)
         if status is None:
@@ -569,6 +564,10 @@ class Store:
             attempt = await self._then_note(self._start_attempt_op(rollout_id, attempt_id), seen)
             if attempt.status is not AttemptStatus.RUNNING:
                 raise Forbidden(f"attempt {attempt_id!r} is {attempt.status.value}")
+            if self._forgot != forgot:
+                # The states were dropped while the write waited: an end whose note ran meanwhile went with them,
+                # and the caller (auth's `_admit`) trusts what this store knows once the gate passed. Asked again.
+                await self.agent_gate(rollout_id, attempt_id)
 
     # --- attempts ------------------------------------------------------------------------------------------------
 
