@@ -41,7 +41,7 @@ from agl_lite.store.postgres.repo import PostgresRepo
 from agl_lite.store.postgres.schema import _safe, migrate, scrub
 from agl_lite.store.records import ModelRecord, RolloutStatus
 from agl_lite.store.rules import Serial, Store
-from agl_lite.store.sqlite.store import admit, settle_all
+from agl_lite.store.sqlite.store import admit, closing_error, settle_all
 
 __all__ = ["PostgresStore"]
 
@@ -303,6 +303,8 @@ class PostgresStore(Store):
     ) -> asyncio.Future[T]:
         if self._writer is None:
             raise RuntimeError("PostgresStore.open() was not awaited")
+        if self._closing.is_set():
+            raise closing_error()  # (it would queue behind the writer's stop and never settle)
         fut, loop = admit(self._submitted - self.ops, self._queue_size, self._notes, note)
         self._submitted += 1
         self._queue.put_nowait((fn, fut, loop))
@@ -488,6 +490,8 @@ class PostgresStore(Store):
     # --- reads ---------------------------------------------------------------------------------------------------
 
     async def _read(self, fn: Callable[[PostgresRepo], T]) -> T:
+        if self._closing.is_set():
+            raise closing_error()
         return await asyncio.get_running_loop().run_in_executor(self._readers, self._run_read, fn)
 
     def _run_read(self, fn: Callable[[PostgresRepo], T]) -> T:

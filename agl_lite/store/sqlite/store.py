@@ -27,7 +27,7 @@ from agl_lite.store.rules import Store
 from agl_lite.store.sqlite.repo import SQLiteRepo, connect
 from agl_lite.store.sqlite.schema import migrate
 
-__all__ = ["SQLiteStore", "admit", "commit_error", "settle_all"]
+__all__ = ["SQLiteStore", "admit", "closing_error", "commit_error", "settle_all"]
 
 log = structlog.get_logger("agl_lite.store.sqlite")
 
@@ -64,6 +64,10 @@ RETRY_AFTER_S = 5
 _UNWRITABLE = frozenset(
     {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PROTOCOL}
 )
+
+
+def closing_error() -> ServiceUnavailable:
+    return ServiceUnavailable("the store is closing; retry later", headers={"Retry-After": "1"})
 
 
 def commit_error(exc: BaseException) -> HttpError:
@@ -131,6 +135,7 @@ class SQLiteStore(Store):
         # One transaction at a time on the writer's connection (the loop's or the thread's); guards `ops`, `commits`.
         self._lock = threading.Lock()
         self._writer: threading.Thread | None = None
+        self._closing = False
         self._local = threading.local()
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agl-sqlite-read")
         self._reader_conns: list[sqlite3.Connection] = []  # closed with the store, so that its WAL goes too
@@ -177,6 +182,8 @@ class SQLiteStore(Store):
     ) -> asyncio.Future[T]:
         if self._writer is None:
             raise RuntimeError("SQLiteStore.open() was not awaited")
+        if self._closing:
+            raise closing_error()
         fut, loop = admit(self._submitted - self.ops, self._queue_size, self._notes, note)
         pending = self._pending
         if not pending:
@@ -242,6 +249,8 @@ class SQLiteStore(Store):
         self._queue.put_nowait(batch)
 
     async def _read(self, fn: Callable[[SQLiteRepo], T]) -> T:
+        if self._closing:
+            raise closing_error()
         return await asyncio.get_running_loop().run_in_executor(self._readers, self._run_read, fn)
 
     def _run_read(self, fn: Callable[[SQLiteRepo], T]) -> T:
@@ -428,7 +437,9 @@ class SQLiteStore(Store):
 
     async def close(self) -> None:
         """Commit what is pending, then close every connection: the last one checkpoints and removes the WAL (a
-        clean exit leaves the database file alone, and the next start has no log to replay)."""
+        clean exit leaves the database file alone, and the next start has no log to replay). What is asked from
+        here on is refused (503): a write would queue behind the writer's stop and never settle."""
+        self._closing = True
         self._readers.shutdown(wait=True)
         for conn in self._reader_conns:
             conn.close()

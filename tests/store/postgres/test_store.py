@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
-from agl_lite.errors import BadRequest
+from agl_lite.errors import BadRequest, ServiceUnavailable
 from agl_lite.store.postgres import PostgresStore
 from agl_lite.store.rules import EventSpec, RolloutSpec
 from tests.store.test_rules import call
@@ -139,3 +139,20 @@ async def test_a_write_committed_as_the_connection_broke_is_done_once_not_twice(
     finally:
         await store.close()
         server.close()
+
+
+async def test_a_write_or_read_asked_while_the_store_closes_is_refused_not_left_waiting(
+    postgres_db: str,
+) -> None:
+    """As on SQLite: a write that came once `close` had queued the writer's stop never settled."""
+    store = await PostgresStore.open(postgres_db)
+    await store.enqueue([RolloutSpec(input=0, id="r")])
+    closing = asyncio.ensure_future(store.close())
+    async with asyncio.timeout(10):
+        while not store._closing.is_set():  # noqa: ASYNC110 (close's own first write goes before the flag)
+            await asyncio.sleep(0)
+    with pytest.raises(ServiceUnavailable, match="closing"):
+        await asyncio.wait_for(store.add_events("r", [EventSpec("note", 1)]), 10)
+    with pytest.raises(ServiceUnavailable, match="closing"):
+        await asyncio.wait_for(store.events("r"), 10)
+    await closing

@@ -10,11 +10,11 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
-from agl_lite.errors import Conflict, Forbidden
+from agl_lite.errors import Conflict, Forbidden, ServiceUnavailable
 from agl_lite.store import rules
 from agl_lite.store.records import AttemptStatus, RolloutStatus
 from agl_lite.store.rules import EventSpec, RolloutSpec
@@ -335,3 +335,21 @@ async def test_a_claim_and_an_end_in_one_commit_leave_the_end_known_though_the_c
         assert await store.rollout_status("r1") is RolloutStatus.CANCELLED
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])
+async def test_a_write_or_read_asked_while_the_store_closes_is_refused_not_left_waiting(
+    tmp_path: Path, synchronous: Literal["NORMAL", "FULL"]
+) -> None:
+    """A write that came while `close` waited for the writer thread queued behind its stop (always under FULL,
+    where every commit is the thread's) and never settled: its caller waited for good."""
+    store = await SQLiteStore.open(tmp_path / "s.db", synchronous=synchronous)
+    await store.enqueue([RolloutSpec(input=0, id="r")])
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0)  # `close` runs up to its wait for the writer thread
+    assert not closing.done()
+    with pytest.raises(ServiceUnavailable, match="closing"):
+        await asyncio.wait_for(store.add_events("r", [EventSpec("note", 1)]), 10)
+    with pytest.raises(ServiceUnavailable, match="closing"):
+        await asyncio.wait_for(store.events("r"), 10)
+    await closing
