@@ -67,6 +67,7 @@ _UNWRITABLE = frozenset(
 
 
 def closing_error() -> ServiceUnavailable:
+    """What a read or a write asked once the store began to close gets (a write then would wait for good)."""
     return ServiceUnavailable("the store is closing; retry later", headers={"Retry-After": "1"})
 
 
@@ -135,7 +136,7 @@ class SQLiteStore(Store):
         # One transaction at a time on the writer's connection (the loop's or the thread's); guards `ops`, `commits`.
         self._lock = threading.Lock()
         self._writer: threading.Thread | None = None
-        self._closing = False
+        self._closing = False  # from the start of `close`: reads and writes are refused (503)
         self._local = threading.local()
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agl-sqlite-read")
         self._reader_conns: list[sqlite3.Connection] = []  # closed with the store, so that its WAL goes too
