@@ -310,23 +310,17 @@ class SQLiteStore(Store):
                     thread_commits = thread_writes = 0
                     if _wal_bytes(self.path) > WAL_LIMIT:
                         self._truncate_wal(self._conn)
-            self._thread_settled(batch[0][2], handed)
+            # Counted on the loop, after the notes this batch sent there (`call_soon_threadsafe` keeps their order).
+            batch[0][2].call_soon_threadsafe(self._thread_settled, handed)
         if checkpointer is not None:
             checkpointer.close()
 
-    def _thread_settled(self, loop: asyncio.AbstractEventLoop, handed: int) -> None:
-        """Count the thread's batches done on the loop, after the notes it sent there (`call_soon_threadsafe` keeps
-        their order). Counted on the thread, the loop committed its next batch inline before these notes ran, and
-        that batch's notes ran first: a gate's note put back an attempt whose end committed after it, a first read
-        of a rollout's token total overwrote a call counted after it (`settle_all` promises commit order)."""
-
-        def count() -> None:
-            self._thread_done += handed
-
-        try:
-            loop.call_soon_threadsafe(count)
-        except RuntimeError:  # the loop is closed: no note of this store runs any more
-            count()
+    def _thread_settled(self, handed: int) -> None:
+        """On the loop: the thread's batches done, their notes run. Counted on the thread, the loop committed its
+        next batch inline before these notes ran, and that batch's notes ran first: a gate's note put back an
+        attempt whose end committed after it, a first read of a rollout's token total overwrote a call counted after
+        it (`settle_all` promises commit order). (A closed loop never gets here: the notes' hand-off fails first.)"""
+        self._thread_done += handed
 
     def _truncate_wal(self, conn: sqlite3.Connection) -> None:
         """Checkpoint the whole WAL and cut it to nothing. That needs a moment when no read holds an older
