@@ -25,6 +25,19 @@ from tests.store.test_rules import HeldRead, call
 
 CHAIN = ("store", "auth", "store_api")
 
+Replicas = tuple[PostgresStore, PostgresStore]
+
+
+@pytest.fixture
+async def replicas(postgres_db: str) -> AsyncIterator[Replicas]:
+    """Two stores on one database: what two gateway replicas hold."""
+    a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
+    try:
+        yield a, b
+    finally:
+        await a.close()
+        await b.close()
+
 
 @asynccontextmanager
 async def not_listening(
@@ -90,27 +103,23 @@ async def test_three_gateway_processes_with_eight_runner_loops_claim_every_rollo
 
 
 async def test_a_rollout_ended_through_one_replica_closes_its_agent_key_on_the_other(
-    postgres_db: str,
+    replicas: Replicas,
 ) -> None:
     """Each replica keeps the rollouts' states it has seen (the agent gate asks on every call): one that ends
     through another replica must not stay open here."""
-    a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
+    a, b = replicas
     ended: list[str] = []
     b.on_rollout_ended(ended.append)  # (the gateway cuts the rollout's calls in flight on it)
-    try:
-        await a.enqueue([RolloutSpec(input=1, id="r")])
-        await a.claim("runner", 1)
-        await b.agent_gate("r", "a1")  # running: open, and now known to b
-        _, head = await b.completed(0, 0)
-        await a.cancel("r", "stop")
-        rows, _ = await asyncio.wait_for(b.completed(head, 10, wait=30), 10)  # woken by a's notification
-        assert [r.id for r in rows] == ["r"]
-        with pytest.raises(Forbidden, match="cancelled"):
-            await b.agent_gate("r", "a1")
-        assert ended == ["r"]
-    finally:
-        await a.close()
-        await b.close()
+    await a.enqueue([RolloutSpec(input=1, id="r")])
+    await a.claim("runner", 1)
+    await b.agent_gate("r", "a1")  # running: open, and now known to b
+    _, head = await b.completed(0, 0)
+    await a.cancel("r", "stop")
+    rows, _ = await asyncio.wait_for(b.completed(head, 10, wait=30), 10)  # woken by a's notification
+    assert [r.id for r in rows] == ["r"]
+    with pytest.raises(Forbidden, match="cancelled"):
+        await b.agent_gate("r", "a1")
+    assert ended == ["r"]
 
 
 async def test_a_model_registered_through_one_replica_reaches_the_others_routes(postgres_db: str) -> None:
@@ -173,129 +182,109 @@ async def test_a_rollouts_token_and_byte_totals_count_every_replicas_writes(post
 
 
 async def test_a_rollout_claimed_through_one_replica_opens_its_agent_key_on_the_other(
-    postgres_db: str,
+    replicas: Replicas,
 ) -> None:
     """A replica that saw a rollout queued (an admin's call on its agent path, refused then) must not keep that
     state: its start through another replica is not announced, so a queued state kept would refuse the rollout's
     agents there for good."""
-    a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
-    try:
-        await a.enqueue([RolloutSpec(input=1, id="r")])
-        with pytest.raises(Forbidden, match="queuing"):
-            await b.agent_gate("r", "a1")
-        await a.claim("runner", 1)
-        await b.agent_gate("r", "a1")  # running: open on b too
-        assert await b.rollout_status("r") is RolloutStatus.RUNNING
-    finally:
-        await a.close()
-        await b.close()
+    a, b = replicas
+    await a.enqueue([RolloutSpec(input=1, id="r")])
+    with pytest.raises(Forbidden, match="queuing"):
+        await b.agent_gate("r", "a1")
+    await a.claim("runner", 1)
+    await b.agent_gate("r", "a1")  # running: open on b too
+    assert await b.rollout_status("r") is RolloutStatus.RUNNING
 
 
-async def test_an_attempt_ended_through_one_replica_is_refused_by_the_others_gate(postgres_db: str) -> None:
-    a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
-    try:
-        await a.enqueue([RolloutSpec(input=1, id="r", config=RolloutConfig(max_attempts=3))])
-        await a.claim("runner", 1)
-        await b.agent_gate("r", "pod-1")  # the attempt started, and known to b
-        await a.update_attempt("r", "pod-1", AttemptStatus.LOST)
-        async with asyncio.timeout(10):
-            while ("r", "pod-1") in b._seen_attempts:  # noqa: ASYNC110 (the notification: polled, bounded)
-                await asyncio.sleep(0.01)
-        with pytest.raises(Forbidden, match="'pod-1' is lost"):
-            await b.agent_gate("r", "pod-1")
-    finally:
-        await a.close()
-        await b.close()
+async def test_an_attempt_ended_through_one_replica_is_refused_by_the_others_gate(replicas: Replicas) -> None:
+    a, b = replicas
+    await a.enqueue([RolloutSpec(input=1, id="r", config=RolloutConfig(max_attempts=3))])
+    await a.claim("runner", 1)
+    await b.agent_gate("r", "pod-1")  # the attempt started, and known to b
+    await a.update_attempt("r", "pod-1", AttemptStatus.LOST)
+    async with asyncio.timeout(10):
+        while ("r", "pod-1") in b._seen_attempts:  # noqa: ASYNC110 (the notification: polled, bounded)
+            await asyncio.sleep(0.01)
+    with pytest.raises(Forbidden, match="'pod-1' is lost"):
+        await b.agent_gate("r", "pod-1")
 
 
 async def test_a_gate_whose_snapshot_predates_an_attempts_end_on_another_replica_does_not_reopen_it(
-    postgres_db: str, monkeypatch: pytest.MonkeyPatch
+    replicas: Replicas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """b's gate, at its first sight of an attempt that exists, only reads: under SERIALIZABLE its transaction can
     commit after a's end of the attempt and still be ordered before it. b hears of the end first; the gate's note,
     which runs at its commit, must not put the attempt back as running."""
-    a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
-    try:
-        await a.enqueue([RolloutSpec(input=1, id="r", config=RolloutConfig(max_attempts=3))])
-        await a.claim("runner", 1)
-        await a.agent_gate("r", "pod-1")  # the attempt started through a
-        pair = ("r", "pod-1")
-        heard = asyncio.Event()
+    a, b = replicas
+    await a.enqueue([RolloutSpec(input=1, id="r", config=RolloutConfig(max_attempts=3))])
+    await a.claim("runner", 1)
+    await a.agent_gate("r", "pod-1")  # the attempt started through a
+    pair = ("r", "pod-1")
+    heard = asyncio.Event()
 
-        class Watched(set[tuple[str, str]]):
-            def discard(self, item: Any) -> None:
-                super().discard(item)
-                if item == pair:
-                    heard.set()
+    class Watched(set[tuple[str, str]]):
+        def discard(self, item: Any) -> None:
+            super().discard(item)
+            if item == pair:
+                heard.set()
 
-        monkeypatch.setattr(b, "_seen_attempts", Watched())
-        op_ran, release = threading.Event(), threading.Event()
-        start_op = b._start_attempt_op
+    monkeypatch.setattr(b, "_seen_attempts", Watched())
+    op_ran, release = threading.Event(), threading.Event()
+    start_op = b._start_attempt_op
 
-        def held_op(rollout_id: str, attempt_id: str | None) -> Any:
-            op = start_op(rollout_id, attempt_id)
+    def held_op(rollout_id: str, attempt_id: str | None) -> Any:
+        op = start_op(rollout_id, attempt_id)
 
-            def run(repo: Any) -> Any:
-                found = op(repo)  # b's transaction sees the attempt running
-                op_ran.set()
-                release.wait(10)  # b's writer is slower to commit than a's
-                return found
+        def run(repo: Any) -> Any:
+            found = op(repo)  # b's transaction sees the attempt running
+            op_ran.set()
+            release.wait(10)  # b's writer is slower to commit than a's
+            return found
 
-            return run
+        return run
 
-        monkeypatch.setattr(b, "_start_attempt_op", held_op)
-        gate = asyncio.ensure_future(b.agent_gate("r", "pod-1"))  # b's first sight of pod-1
-        assert await asyncio.to_thread(op_ran.wait, 10)
-        await a.update_attempt("r", "pod-1", AttemptStatus.LOST)  # the runner: pod evicted
-        await asyncio.wait_for(heard.wait(), 10)  # b heard of it
-        release.set()
-        await gate  # (b's transaction only read: it commits, serialised before a's)
-        with pytest.raises(Forbidden, match="'pod-1' is lost"):
-            await b.agent_gate("r", "pod-1")
-    finally:
-        await a.close()
-        await b.close()
+    monkeypatch.setattr(b, "_start_attempt_op", held_op)
+    gate = asyncio.ensure_future(b.agent_gate("r", "pod-1"))  # b's first sight of pod-1
+    assert await asyncio.to_thread(op_ran.wait, 10)
+    await a.update_attempt("r", "pod-1", AttemptStatus.LOST)  # the runner: pod evicted
+    await asyncio.wait_for(heard.wait(), 10)  # b heard of it
+    release.set()
+    await gate  # (b's transaction only read: it commits, serialised before a's)
+    with pytest.raises(Forbidden, match="'pod-1' is lost"):
+        await b.agent_gate("r", "pod-1")
 
 
 async def test_an_attempt_ended_while_a_replica_was_not_listening_is_refused_there_once_it_caught_up(
-    postgres_db: str, monkeypatch: pytest.MonkeyPatch
+    replicas: Replicas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """b's listening connection broke (a server restart, a network blip): what was notified meanwhile is lost,
     and `_caught_up` (run when it listens again) must forget what those notifications would have changed."""
-    a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
-    try:
-        await a.enqueue([RolloutSpec(input=1, id="r", config=RolloutConfig(max_attempts=3))])
-        await a.claim("runner", 1)
-        await b.agent_gate("r", "pod-1")  # the attempt started, and known to b
-        async with not_listening(b, monkeypatch, "attempt "):
-            await a.update_attempt("r", "pod-1", AttemptStatus.LOST)  # its notification: lost to b
-        await b._caught_up()  # what `_listen` runs on b's loop once it listens again
-        with pytest.raises(Forbidden, match="'pod-1' is lost"):
-            await b.agent_gate("r", "pod-1")
-    finally:
-        await a.close()
-        await b.close()
+    a, b = replicas
+    await a.enqueue([RolloutSpec(input=1, id="r", config=RolloutConfig(max_attempts=3))])
+    await a.claim("runner", 1)
+    await b.agent_gate("r", "pod-1")  # the attempt started, and known to b
+    async with not_listening(b, monkeypatch, "attempt "):
+        await a.update_attempt("r", "pod-1", AttemptStatus.LOST)  # its notification: lost to b
+    await b._caught_up()  # what `_listen` runs on b's loop once it listens again
+    with pytest.raises(Forbidden, match="'pod-1' is lost"):
+        await b.agent_gate("r", "pod-1")
 
 
 async def test_a_status_read_in_flight_across_a_catch_up_does_not_reopen_an_ended_rollout(
-    postgres_db: str, monkeypatch: pytest.MonkeyPatch
+    replicas: Replicas, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """b asks for r's status (its snapshot: running); r is cancelled through a while b is not listening; b listens
     again and forgets its states (`_caught_up`); then b's read comes back."""
-    a, b = await PostgresStore.open(postgres_db), await PostgresStore.open(postgres_db)
-    try:
-        await a.enqueue([RolloutSpec(input=1, id="r")])
-        await a.claim("runner", 1)
-        held = HeldRead(b, monkeypatch)
-        asking = asyncio.ensure_future(b.rollout_status("r"))  # (b had not seen r)
-        await held.read.wait()
-        async with not_listening(b, monkeypatch, "ended "):
-            await a.cancel("r")
-        await b._caught_up()
-        held.release.set()
-        await asking
-        # what b's auth asks for r's grader key (auth.py: `rollout_status(...) is not RUNNING` refuses it)
-        assert await b.rollout_status("r") is RolloutStatus.CANCELLED
-    finally:
-        await a.close()
-        await b.close()
+    a, b = replicas
+    await a.enqueue([RolloutSpec(input=1, id="r")])
+    await a.claim("runner", 1)
+    held = HeldRead(b, monkeypatch)
+    asking = asyncio.ensure_future(b.rollout_status("r"))  # (b had not seen r)
+    await held.read.wait()
+    async with not_listening(b, monkeypatch, "ended "):
+        await a.cancel("r")
+    await b._caught_up()
+    held.release.set()
+    await asking
+    # what b's auth asks for r's grader key (auth.py: `rollout_status(...) is not RUNNING` refuses it)
+    assert await b.rollout_status("r") is RolloutStatus.CANCELLED
