@@ -9,7 +9,7 @@ VERL_STAMP := $(VENV)/.installed-verl
 DEMO_STAMP := $(VENV)/.installed-demo
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: help venv verl lint typecheck test test-fast run demo demo-math demo-vllm-cpu bench-gateway bench-store bench-replicas bench-stream bench-dashboard soak docs clean
+.PHONY: help venv cc verl lint typecheck test test-fast run demo demo-math demo-vllm-cpu bench-gateway bench-store bench-replicas bench-stream bench-dashboard soak docs clean
 
 help:
 	@echo "make demo           GRPO trains a small policy through the whole loop on CPU, ~5 min (creates $(VENV))"
@@ -29,7 +29,7 @@ help:
 
 # fake-k8s/ is the fake Kubernetes cluster the tests run the Kubernetes runner against: a distribution of its own,
 # installed for development only, never part of agl-lite.
-$(STAMP): pyproject.toml fake-k8s/pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py agl_lite/capture/_native.c fake-k8s/pyproject.toml constraints.txt | cc
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
@@ -37,6 +37,20 @@ $(STAMP): pyproject.toml fake-k8s/pyproject.toml constraints.txt
 	@touch $@
 
 venv: $(STAMP)
+
+# A C compiler and the headers of $(PYTHON), for agl_lite/capture/_native.c (the capture path's byte scans, about
+# a tenth of a streamed call's CPU in Python: docs/performance.md): installed with apt when missing and this runs
+# as root. Without them pip leaves the extension out, and the same scans run in Python.
+HAVE_CC := import pathlib, shutil, sys, sysconfig; \
+	cc = str(sysconfig.get_config_var("CC") or "cc").split()[0]; \
+	sys.exit(not (shutil.which(cc) and (pathlib.Path(sysconfig.get_paths()["include"]) / "Python.h").exists()))
+.PHONY: cc
+cc:
+	@if $(PYTHON) -c '$(HAVE_CC)'; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc \
+			"$$($(PYTHON) -c 'import sys; print("libpython%d.%d-dev" % sys.version_info[:2])')"; \
+	else echo "No C compiler or no Python headers: agl-lite's C byte scans will not be built (capture runs them in Python, slower)"; fi
 
 # The VERL bridge's tests build a real `verl.protocol.DataProto`: verl itself without its dependencies (they pull
 # a CUDA torch and the whole training stack), torch 2.13 for CPU through pip (the CPU wheel; uv or poetry would
@@ -115,7 +129,7 @@ run: $(STAMP)
 
 # The demo needs less than the tests (no linters, no type checker): its own stamp in the same venv, so that a
 # fresh clone runs it sooner; `make test` adds the rest.
-$(DEMO_STAMP): pyproject.toml constraints.txt
+$(DEMO_STAMP): pyproject.toml setup.py agl_lite/capture/_native.c constraints.txt | cc
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
@@ -168,4 +182,4 @@ docs: $(STAMP)
 	$(BIN)/python scripts/gen_docs.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build agl_lite/capture/_native.*.so

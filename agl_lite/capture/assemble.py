@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from agl_lite.capture.native import text_runs
 from agl_lite.core.sse import SSEParser
 from agl_lite.store.records import ChoiceRecord
 
@@ -26,9 +27,6 @@ _DATA = re.compile(rb"^data: ?(.*)", re.M)
 _DONE = re.compile(rb"^data: ?\[DONE\]", re.M)
 _DELTA_TEXT = b'{"index":0,"delta":{"content":"'
 """After `"choices":[`: a text delta of the one choice."""
-_TEXT_TAIL = b'"},"logprobs":null,"finish_reason":null,"token_ids":['
-"""Between the text and the ids of a text delta; the event ends with `]}]}` after the ids."""
-_TEXT_TAIL_LEN = len(_TEXT_TAIL)
 _HEAD_KEYS = {"id", "object", "created", "model"}
 _BOM = "\ufeff".encode()
 
@@ -182,41 +180,19 @@ class Assembly:
         """
         if not data.startswith(b'data: {"id":') or not data.endswith(b"\n\n"):
             return False
-        parts = data[6:-2].split(b"\n\ndata: ")
-        first = parts[0]
+        end = data.find(b"\n\ndata: ", 6, len(data) - 2)
+        first = data[6 : end if end >= 0 else -2]  # the first event's payload
         k = first.find(b',"choices":[')
         if k < 0 or first.find(b"\n", 0, k) >= 0:
             return False
         lead = first[: k + 12] + _DELTA_TEXT  # every text delta of this response starts with these bytes
-        n = len(lead)
-        steps: list[Any] = []
-        """In order: an event's payload (then, decoded, a list of that one event), None for `[DONE]`, or a run of
-        text deltas (their texts and ids as JSON; then, decoded, the texts and an id array)."""
-        texts: list[bytes] = []
-        ids: list[bytes] = []
-        others = 0
-        for ev in parts:
-            if ev.startswith(lead) and ev.endswith(b"]}]}"):
-                j = ev.rfind(_TEXT_TAIL, n)
-                text = ev[n - 1 : j + 1]  # the JSON string, quotes included
-                # One JSON string when its only quotes are its two ends, the last not escaped (else: decoded alone).
-                if j >= 0 and text.count(b'"') == 2 and text[-2] != 0x5C:
-                    texts.append(text)
-                    ids.append(ev[j + _TEXT_TAIL_LEN : -4])  # the ids between `[` and `]}]}`
-                    continue
-            if texts:
-                steps.append((texts, ids))
-                texts, ids = [], []
-            if ev == b"[DONE]":
-                steps.append(None)
-            elif ev.find(b"\n") >= 0:  # not one data line: comments, other fields, multi-line data
-                return False
-            else:
-                steps.append(ev)
-                others += 1
-        if texts:
-            steps.append((texts, ids))
-        if others * 2 > len(parts):
+        runs = text_runs(data, lead)
+        if runs is None:
+            return False
+        steps, others, parts = runs
+        """The steps in order: an event's payload (then, decoded, a list of that one event), None for `[DONE]`, or a
+        run of text deltas (their texts and ids as JSON arrays; then, decoded, the texts and an id array)."""
+        if others * 2 > parts:
             return False  # mostly other events (tool calls, n > 1...): one batch decode is the cheaper way
         # Decode everything before changing anything: what does not decode (or ids that are not all token ids)
         # leaves the stream to the general path, which reads it exactly.
@@ -226,11 +202,10 @@ class Assembly:
                 if type(step) is bytes:
                     steps[i] = [orjson.loads(step)]  # one by one: a batch may pair up broken halves
                 elif step is not None:
-                    run_texts = orjson.loads(b"[" + b",".join(step[0]) + b"]")
-                    ids_json = b",".join(step[1] if b"" not in step[1] else [x for x in step[1] if x])
+                    run_texts, ids_json = orjson.loads(step[0]), step[1]
                     if ids_json.find(b"\n") >= 0:  # a line break is JSON whitespace, but ends an SSE line
                         return False
-                    steps[i] = (run_texts, array("I", orjson.loads(b"[" + ids_json + b"]")))
+                    steps[i] = (run_texts, array("I", orjson.loads(ids_json)))
         except (orjson.JSONDecodeError, TypeError, OverflowError):
             return False
         if type(head) is not dict or head.keys() != _HEAD_KEYS:

@@ -12,15 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+from agl_lite.capture.native import find, strip_ids
 from agl_lite.core.flow import WholeBody
 
 __all__ = ["StreamStripper", "Strip", "client_view", "strip_body"]
 
-# `"token_ids":[1,2]` and `"prompt_token_ids":[...]` as object keys: the lookbehinds come after the literal so
-# the regex engine keeps its fast literal-prefix scan. Inside a JSON string every `"` is escaped, so a match (the
-# unescaped quote after `token_ids`, and `{"`/`,"` before the key) can only be a key, never string content.
-_IDS = re.compile(rb'token_ids":\[(?:(?<=[{,]"token_ids":\[)|(?<=[{,]"prompt_token_ids":\[))[0-9,]*\]')
-_IDS_NULL = b'token_ids":null'
 _LOGPROBS = re.compile(rb'"logprobs":\{(?<=[{,]"logprobs":\{)')
 _LOGPROBS_NULL = b'"logprobs":null'
 _JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}]')
@@ -42,7 +38,7 @@ class Strip:
 def strip_body(body: bytes, strip: Strip) -> bytes:
     """A whole (non-streamed) vLLM JSON body as vLLM would have sent it without the injected options."""
     if strip.token_ids:
-        body = _IDS.sub(_IDS_NULL, body)
+        body = strip_ids(body)
     if strip.logprobs:
         body = _null_logprobs(body)
     return body
@@ -52,8 +48,9 @@ class StreamStripper:
     """Transform for a vLLM event stream (events end with a blank line; CRLF and CR line ends become LF).
 
     Whole events go through at once; only an unfinished event waits for the rest of its bytes. The common path is
-    one regex substitution and a `find` or two per read; an event is looked at on its own only when the read holds
-    the marker of one that must go (the usage event, an id-only delta) or change (injected logprobs).
+    one substitution and a `find` or two per read (capture/native.py: in C when built); an event is looked at on
+    its own only when the read holds the marker of one that must go (the usage event, an id-only delta) or change
+    (injected logprobs).
     """
 
     __slots__ = ("_after_cr", "_buf", "_empty_deltas", "_ids", "_logprobs", "_usage")
@@ -90,16 +87,16 @@ class StreamStripper:
             buf += chunk[end:]
             data = chunk[:end]
         if self._ids:
-            data = _IDS.sub(_IDS_NULL, data)
-        # Whole-read checks (a read holds several events): find(), not `in`, which costs more on bytes. The markers
-        # are structural: inside a JSON string every `"` is escaped, so text cannot hold them.
-        if self._usage and (at := data.find(b'"choices":[]')) >= 0:
+            data = strip_ids(data)
+        # Whole-read checks (a read holds several events). The markers are structural: inside a JSON string every
+        # `"` is escaped, so text cannot hold them.
+        if self._usage and (at := find(data, b'"choices":[]')) >= 0:
             data = _drop_events(data, b'"choices":[]', _is_usage_event, at)
-        if self._empty_deltas and (at := data.find(b'"delta":{}')) >= 0:
+        if self._empty_deltas and (at := find(data, b'"delta":{}')) >= 0:
             # An empty delta that carries logprobs the client asked for is vLLM's too: it stays.
             drop = _is_id_only_delta if self._logprobs else _is_id_only_delta_without_logprobs
             data = _drop_events(data, b'"delta":{}', drop, at)
-        if self._logprobs and data.find(b'"logprobs":{') >= 0:
+        if self._logprobs and find(data, b'"logprobs":{') >= 0:
             data = b"".join(_null_logprobs(ev) + b"\n\n" for ev in data.split(b"\n\n")[:-1])
         return data
 
@@ -117,7 +114,7 @@ class StreamStripper:
             return b""
         rest = bytes(self._buf)
         self._buf.clear()
-        return _IDS.sub(_IDS_NULL, rest) if self._ids else rest
+        return strip_ids(rest) if self._ids else rest
 
 
 def _is_usage_event(ev: bytes) -> bool:
