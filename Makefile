@@ -40,16 +40,17 @@ venv: $(STAMP)
 
 # A C compiler and the headers of $(PYTHON), for agl_lite/capture/_native.c (the capture path's byte scans, about
 # a tenth of a streamed call's CPU in Python: docs/performance.md): installed with apt when missing and this runs
-# as root. Without them pip leaves the extension out, and the same scans run in Python.
+# as root (never failing the build: without them pip leaves the extension out, and the same scans run in Python).
 HAVE_CC := import pathlib, shutil, sys, sysconfig; \
 	cc = str(sysconfig.get_config_var("CC") or "cc").split()[0]; \
 	sys.exit(not (shutil.which(cc) and (pathlib.Path(sysconfig.get_paths()["include"]) / "Python.h").exists()))
 .PHONY: cc
 cc:
 	@if $(PYTHON) -c '$(HAVE_CC)'; then :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc \
-			"$$($(PYTHON) -c 'import sys; print("libpython%d.%d-dev" % sys.version_info[:2])')"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && { \
+		pkgs="gcc $$($(PYTHON) -c 'import sys; print("libpython%d.%d-dev" % sys.version_info[:2])')"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q $$pkgs || { apt-get update -q && apt-get install -y -q $$pkgs; }; }; then :; \
 	else echo "No C compiler or no Python headers: agl-lite's C byte scans will not be built (capture runs them in Python, slower)"; fi
 
 # The VERL bridge's tests build a real `verl.protocol.DataProto`: verl itself without its dependencies (they pull

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
+import importlib.util
 import math
 import os
 import platform
@@ -180,5 +181,12 @@ def machine() -> dict[str, str]:
         "python": platform.python_version(),
         "os": platform.platform(terse=True),
         "aiohttp": importlib.metadata.version("aiohttp"),
-        "agl-lite": importlib.metadata.version("agl-lite"),
+        "agl-lite": f"{importlib.metadata.version('agl-lite')} ({scans()})",
     }
+
+
+def scans() -> str:
+    """Which byte scans agl-lite's capture runs here (agl_lite/capture/native.py): the servers the benches start
+    inherit this environment, AGL_NATIVE included."""
+    built = importlib.util.find_spec("agl_lite.capture._native") is not None
+    return "C scans" if built and os.environ.get("AGL_NATIVE", "1") != "0" else "Python scans"

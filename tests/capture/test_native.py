@@ -175,6 +175,38 @@ def test_long_inputs_scan_the_same() -> None:
         same_scans(data)
 
 
+TAIL = b'"},"logprobs":null,"finish_reason":null,"token_ids":['
+
+EDGES = {
+    "a prompt_token_ids key after neither { nor ,": b'x"prompt_token_ids":[1]',
+    "a token_ids key after neither { nor ,": b'x"token_ids":[1] {"token_ids":[2] ,"token_ids":[]',
+    "ids that never close": b'{"token_ids":[1,2,{"token_ids":[3]',
+    "a key inside another's ids": b'{"token_ids":[1{"token_ids":[2]]',
+    "an event that only looks like [DONE]": b"data: [DONE!\n\ndata: [DONE]x\n\ndata: [DONE]\n\n",
+    # more than 16 line breaks before the separator: the search for it gives up on memchr and goes on with memmem
+    "many line breaks in a text delta": b'data: x"' + b"\n" * 17 + TAIL + b"1]}]}\n\ndata: [DONE]\n\n",
+    "many false starts before a key": b"[" * 40 + b'{"token_ids":[1]' + b'"[' * 40 + b',"token_ids":[2]',
+}
+"""Inputs that tell apart a C scan from its twin where a plausible slip in the C code would (each one broke a
+deliberately wrong build that the generated inputs let through)."""
+
+
+@needs_native
+@pytest.mark.parametrize("data", EDGES.values(), ids=EDGES.keys())
+def test_edge_cases_scan_the_same(data: bytes) -> None:
+    same_scans(data, b'x"')
+    same_scans(data)
+
+
+@needs_native
+def test_the_built_module_is_not_older_than_its_source() -> None:
+    """pytest imports what was built last: a C change without a rebuild would test the old code."""
+    assert _native is not None
+    assert _native.__file__ is not None
+    source = Path(native.__file__).with_name("_native.c")
+    assert Path(_native.__file__).stat().st_mtime >= source.stat().st_mtime, "rebuild: pip install -e ."
+
+
 @needs_native
 def test_bad_arguments_fail_alike() -> None:
     assert _native is not None
