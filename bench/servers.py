@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 import urllib.request
 from collections.abc import Sequence
@@ -96,6 +97,19 @@ def start_relay(children: Children, upstream_base: str, cpus: frozenset[int] | N
     return Target("bare relay", f"http://127.0.0.1:{port}/v1/chat/completions", pid=children.pid("relay"))
 
 
+def check_source(source: Path, env: dict[str, str]) -> None:
+    """Fail unless a process started as the baseline imports the agl_lite package of `source`."""
+    code = "import agl_lite, sys; sys.stdout.write(agl_lite.__file__)"
+    out = subprocess.run(
+        [PY, "-P", "-c", code], env={**os.environ, **env}, capture_output=True, text=True, check=False
+    )
+    package = Path(out.stdout.strip() or "?").resolve().parent
+    if package != (source / "agl_lite").resolve():
+        raise BenchError(
+            f"the baseline would import agl_lite from {package}, not from {source}: {out.stderr[-300:]}"
+        )
+
+
 def agl_lite_argv() -> list[str]:
     beside = Path(PY).parent / "agl-lite"
     if beside.exists():
@@ -142,8 +156,13 @@ def start_agl_lite(
         f'[log]\nlevel = "info"\n\n[addons]\nchain = {json.dumps(list(chain))}\n'
         + ('\n[addons.store]\npath = "bench-store.db"\n' if "store" in chain else "")
     )
-    argv = agl_lite_argv() if source is None else [PY, "-m", "agl_lite"]
+    # -P: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH; run from a checkout, the
+    # baseline would import that checkout's agl_lite, and the A/B would measure one build twice (until 2026-12-05
+    # it did: docs/performance.md).
+    argv = agl_lite_argv() if source is None else [PY, "-P", "-m", "agl_lite"]
     env = {"AGL_KEY": key} if source is None else {"AGL_KEY": key, "PYTHONPATH": str(source)}
+    if source is not None:
+        check_source(source, env)
     children.spawn(name, [*argv, "run", "--config", str(tmp / "agl-lite.toml")], cpus=cpus, env=env)
     children.wait_ready(name, f"http://127.0.0.1:{port}/healthz", 30)
     base = f"http://127.0.0.1:{port}"
