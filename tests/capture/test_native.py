@@ -51,12 +51,19 @@ def test_the_extension_is_built_wherever_it_can_be() -> None:
 
 @needs_native
 def test_the_c_scans_are_used_unless_the_environment_says_no() -> None:
-    assert native.NATIVE
-    assert native.strip_ids is _native.strip_ids  # type: ignore[union-attr]
+    wanted = os.environ.get("AGL_NATIVE", "1") != "0"
+    assert native.NATIVE is wanted
+    assert (native.strip_ids is _native.strip_ids) is wanted  # type: ignore[union-attr]
     code = "from agl_lite.capture import native; print(native.NATIVE, native.strip_ids.__module__)"
-    env = {**os.environ, "AGL_NATIVE": "0"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "agl_lite.capture.native"]
+    without = {k: v for k, v in os.environ.items() if k != "AGL_NATIVE"}
+    for env, answer in (
+        ({**without, "AGL_NATIVE": "0"}, ["False", "agl_lite.capture.native"]),
+        (without, ["True", "agl_lite.capture._native"]),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        assert out.stdout.split() == answer
 
 
 def outcome(fn: Callable[..., Any], *args: Any) -> Any:
