@@ -372,7 +372,7 @@ def _whole_tool_call(call: Any) -> dict[str, Any]:
 class Collector:
     """The tap of one upstream response: keeps chunks as they arrive; `finish()` decodes what is left."""
 
-    __slots__ = ("_chunks", "_fresh", "_limit", "_size", "assembly", "stream")
+    __slots__ = ("_chunks", "_failed", "_fresh", "_limit", "_size", "assembly", "stream")
 
     def __init__(self, *, stream: bool, chat: bool) -> None:
         self.stream = stream
@@ -382,12 +382,24 @@ class Collector:
         self._limit = COMPACT_BYTES if stream else math.inf
         self._fresh = True
         """Nothing decoded yet: a stream's leading byte-order mark is still there to drop (as SSE says)."""
+        self._failed: Exception | None = None
+        """What a batch decode on the way raised; from then on nothing is kept, and `finish` raises it."""
 
     def feed(self, chunk: bytes) -> None:
+        """The tap, on the relay's path: whatever the upstream's bytes, it raises nothing into the relay."""
+        if self._failed is not None:
+            return
         self._chunks.append(chunk)
         self._size += len(chunk)
         if self._size >= self._limit:
-            self._compact()
+            try:
+                self._compact()
+            except Exception as exc:
+                # The upstream's bytes (ids that are no token ids, say) fail the record, not the client's stream:
+                # `finish` raises it where the record is built, as a decode at the end would.
+                self._failed = exc
+                self._chunks = []
+                self._size = 0
 
     def _compact(self) -> None:
         buf = self._joined()
@@ -410,6 +422,8 @@ class Collector:
 
     def finish(self) -> Assembly:
         """Decode whatever was not decoded yet; an unfinished last event is ignored, as the client's SDK does."""
+        if self._failed is not None:
+            raise self._failed
         buf = self._joined()
         self._chunks = []
         asm = self.assembly

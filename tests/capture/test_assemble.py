@@ -184,6 +184,25 @@ def test_a_long_stream_keeps_only_a_bounded_tail_of_bytes(monkeypatch: pytest.Mo
     assert asm.choices()[0].token_ids.tolist() == [7] * 2000
 
 
+@pytest.mark.parametrize("ids", [b"-1", b"null", b"1.5", b"4294967296", b'"7"'])
+def test_a_long_stream_whose_ids_do_not_decode_fails_at_finish_not_in_the_tap(
+    monkeypatch: pytest.MonkeyPatch, ids: bytes
+) -> None:
+    """The tap runs on the relay's path: a batch decode on the way that fails must not raise into it (that cut
+    the client's stream); `finish`, where the record is built, raises what the decode at the end would."""
+    monkeypatch.setattr(assemble, "COMPACT_BYTES", 4096)
+    event = b'data: {"id":"a","choices":[{"index":0,"delta":{"content":"x"},"token_ids":[' + ids + b"]}]}\n\n"
+    c = Collector(stream=True, chat=True)
+    for _ in range(200):
+        c.feed(event)  # raises nothing
+        assert c._size < 4096 + len(event)  # and keeps nothing once a decode failed
+    c.feed(b"data: [DONE]\n\n")
+    with pytest.raises((TypeError, OverflowError)):
+        c.finish()
+    with pytest.raises((TypeError, OverflowError)):  # as one decode at the end fails
+        Assembly(chat=True).add_events(event)
+
+
 # --- the fast path of chat streams ---------------------------------------------------------------------------------
 
 TEXT = st.lists(

@@ -599,6 +599,42 @@ async def test_an_upstream_line_or_body_past_max_event_bytes_fails_the_call(
     assert "max_event_bytes" in record.error
 
 
+@pytest.mark.parametrize("ids", ["-1", "null", "4294967296"])
+async def test_a_long_stream_whose_ids_do_not_decode_reaches_the_client_whole(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory, ids: str
+) -> None:
+    # A review after issue #15: past 256 KiB capture decodes a stream's events on the way, in its tap; ids that
+    # are no token ids raised into the relay, which cut the client's stream and logged a traceback.
+    head = '{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+    event = f'data: {head}[{{"index":0,"delta":{{"content":"x"}},"token_ids":[{ids}]}}]}}\n\n'.encode()
+    count = 300 * 1024 // len(event) + 1  # bounded: past the first batch decode
+
+    async def bad_ids(request: web.Request) -> web.StreamResponse:
+        resp = await sse_start(request)
+        for _ in range(count):
+            await resp.write(event)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    probe = Probe()
+    base = await upstream(bad_ids)
+    async with (
+        gateway_factory({"m": [base]}, extra_addons=[Capture(), probe]) as gw,
+        aiohttp.ClientSession() as s,
+    ):
+        async with s.post(
+            gateway_url(gw) + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH
+        ) as r:
+            received = await r.read()
+        await asyncio.wait_for(probe.done.wait(), 5)
+    assert r.status == 200
+    assert received.count(b"data: {") == count
+    assert received.endswith(b"data: [DONE]\n\n")
+    record = probe.flows[0].metadata["capture.record"]
+    assert record.outcome is CallOutcome.UPSTREAM_ERROR
+    assert "capture could not assemble" in record.error
+
+
 async def test_the_query_string_is_forwarded_as_the_client_encoded_it(
     upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
 ) -> None:
