@@ -29,7 +29,7 @@ help:
 
 # fake-k8s/ is the fake Kubernetes cluster the tests run the Kubernetes runner against: a distribution of its own,
 # installed for development only, never part of agl-lite.
-$(STAMP): pyproject.toml setup.py agl_lite/capture/_native.c fake-k8s/pyproject.toml constraints.txt | cc
+$(STAMP): pyproject.toml setup.py agl_lite/capture/_native.c fake-k8s/pyproject.toml constraints.txt | $(CC_STAMP)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
@@ -39,19 +39,29 @@ $(STAMP): pyproject.toml setup.py agl_lite/capture/_native.c fake-k8s/pyproject.
 venv: $(STAMP)
 
 # A C compiler and the headers of $(PYTHON), for agl_lite/capture/_native.c (the capture path's byte scans, about
-# a tenth of a streamed call's CPU in Python: docs/performance.md): installed with apt when missing and this runs
-# as root (never failing the build: without them pip leaves the extension out, and the same scans run in Python).
-HAVE_CC := import pathlib, shutil, sys, sysconfig; \
+# a tenth of a streamed call's CPU in Python: docs/performance.md): what is missing of the two is installed with apt
+# when this runs as root. Checked once per venv, and never failing the build: without them pip leaves the extension
+# out, and the same scans run in Python.
+HAVE := import pathlib, shutil, sys, sysconfig; \
 	cc = str(sysconfig.get_config_var("CC") or "cc").split()[0]; \
-	sys.exit(not (shutil.which(cc) and (pathlib.Path(sysconfig.get_paths()["include"]) / "Python.h").exists()))
-.PHONY: cc
-cc:
-	@if $(PYTHON) -c '$(HAVE_CC)'; then :; \
+	headers = pathlib.Path(sysconfig.get_paths()["include"]) / "Python.h"; \
+	sys.exit(not (shutil.which(cc) if sys.argv[1] == "cc" else headers.exists()))
+CC_STAMP := $(VENV)/.checked-cc
+$(CC_STAMP):
+	@mkdir -p $(VENV)
+	@pkgs=""; \
+	$(PYTHON) -c '$(HAVE)' cc || pkgs="gcc"; \
+	$(PYTHON) -c '$(HAVE)' headers || \
+		pkgs="$$pkgs $$($(PYTHON) -c 'import sys; print("libpython%d.%d-dev" % sys.version_info[:2])')"; \
+	if [ -z "$$pkgs" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && { \
-		pkgs="gcc $$($(PYTHON) -c 'import sys; print("libpython%d.%d-dev" % sys.version_info[:2])')"; \
 		export DEBIAN_FRONTEND=noninteractive; \
 		apt-get install -y -q $$pkgs || { apt-get update -q && apt-get install -y -q $$pkgs; }; }; then :; \
-	else echo "No C compiler or no Python headers: agl-lite's C byte scans will not be built (capture runs them in Python, slower)"; fi
+	else echo "No C compiler or no Python headers ($$pkgs): agl-lite's C byte scans will not be built (capture runs them in Python, slower)"; fi
+	@touch $@
+
+.PHONY: cc
+cc: $(CC_STAMP)
 
 # The VERL bridge's tests build a real `verl.protocol.DataProto`: verl itself without its dependencies (they pull
 # a CUDA torch and the whole training stack), torch 2.13 for CPU through pip (the CPU wheel; uv or poetry would
@@ -130,7 +140,7 @@ run: $(STAMP)
 
 # The demo needs less than the tests (no linters, no type checker): its own stamp in the same venv, so that a
 # fresh clone runs it sooner; `make test` adds the rest.
-$(DEMO_STAMP): pyproject.toml setup.py agl_lite/capture/_native.c constraints.txt | cc
+$(DEMO_STAMP): pyproject.toml setup.py agl_lite/capture/_native.c constraints.txt | $(CC_STAMP)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip

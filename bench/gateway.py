@@ -23,6 +23,7 @@ from servers import (
     Target,
     check_answers,
     request_body,
+    scans_of,
     start_agl_lite,
     start_litellm,
     start_relay,
@@ -101,7 +102,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=Path,
         metavar="DIR",
         help="Also run the agl-lite of another checkout (e.g. `git worktree add /tmp/base HEAD~1`), as "
-        "`agl-lite@base`, in the same interleaved rounds: an A/B of two builds against one relay.",
+        "`agl-lite@base`, in the same interleaved rounds: an A/B of two builds against one relay. A worktree has no "
+        "C scans until built there (`python setup.py build_ext --inplace`); the header says which each one ran.",
     )
     p.add_argument(
         "--agent-path",
@@ -181,7 +183,11 @@ def run(args: argparse.Namespace, hey: str, tmp: Path) -> int:
             f"{seconds:g} s per cell in {rounds} interleaved round(s); hey -cpus 1; {cpus.describe()}; "
             f"upstream stream in {args.stream_writes} writes; agl-lite chain {', '.join(chain)}"
             + ("; agl-lite called on the agent path with the agent key" if args.agent_path else "")
-            + (f"; agl-lite@base from {args.baseline}" if args.baseline is not None else "")
+            + (
+                f"; agl-lite@base from {args.baseline} ({scans_of(args.baseline.resolve())})"
+                if args.baseline is not None
+                else ""
+            )
             + (
                 "; agl-lite/responses: the same server asked through the Responses API"
                 if args.responses

@@ -186,7 +186,7 @@ def machine() -> dict[str, str]:
 
 
 def scans() -> str:
-    """Which byte scans agl-lite's capture runs here (agl_lite/capture/native.py): the servers the benches start
-    inherit this environment, AGL_NATIVE included."""
+    """Which byte scans the installed agl-lite's capture runs (agl_lite/capture/native.py): the servers the benches
+    start from it inherit this environment, AGL_NATIVE included (a baseline checkout: `servers.scans_of`)."""
     built = importlib.util.find_spec("agl_lite.capture._native") is not None
     return "C scans" if built and os.environ.get("AGL_NATIVE", "1") != "0" else "Python scans"

@@ -97,17 +97,26 @@ def start_relay(children: Children, upstream_base: str, cpus: frozenset[int] | N
     return Target("bare relay", f"http://127.0.0.1:{port}/v1/chat/completions", pid=children.pid("relay"))
 
 
-def check_source(source: Path, env: dict[str, str]) -> None:
+def run_as_baseline(source: Path, code: str) -> subprocess.CompletedProcess[str]:
+    """`code` run as the baseline's process runs: `-P`, the checkout `source` on PYTHONPATH."""
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    return subprocess.run([PY, "-P", "-c", code], env=env, capture_output=True, text=True, check=False)
+
+
+def check_source(source: Path) -> None:
     """Fail unless a process started as the baseline imports the agl_lite package of `source`."""
-    code = "import agl_lite, sys; sys.stdout.write(agl_lite.__file__)"
-    out = subprocess.run(
-        [PY, "-P", "-c", code], env={**os.environ, **env}, capture_output=True, text=True, check=False
-    )
+    out = run_as_baseline(source, "import agl_lite, sys; sys.stdout.write(agl_lite.__file__)")
     package = Path(out.stdout.strip() or "?").resolve().parent
     if package != (source / "agl_lite").resolve():
         raise BenchError(
             f"the baseline would import agl_lite from {package}, not from {source}: {out.stderr[-300:]}"
         )
+
+
+def scans_of(source: Path) -> str:
+    """Which byte scans the baseline runs: the C ones only where its checkout has its extension built."""
+    out = run_as_baseline(source, "from agl_lite.capture import native; print(native.NATIVE)")
+    return "C scans" if out.stdout.strip() == "True" else "Python scans"
 
 
 def agl_lite_argv() -> list[str]:
@@ -162,7 +171,7 @@ def start_agl_lite(
     argv = agl_lite_argv() if source is None else [PY, "-P", "-m", "agl_lite"]
     env = {"AGL_KEY": key} if source is None else {"AGL_KEY": key, "PYTHONPATH": str(source)}
     if source is not None:
-        check_source(source, env)
+        check_source(source)
     children.spawn(name, [*argv, "run", "--config", str(tmp / "agl-lite.toml")], cpus=cpus, env=env)
     children.wait_ready(name, f"http://127.0.0.1:{port}/healthz", 30)
     base = f"http://127.0.0.1:{port}"

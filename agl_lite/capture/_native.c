@@ -368,8 +368,17 @@ static struct PyModuleDef module = {
     .m_methods = methods,
 };
 
+#ifndef AGL_NATIVE_SOURCE_SHA256
+#define AGL_NATIVE_SOURCE_SHA256 "" /* built by hand, not by setup.py: no digest */
+#endif
+
 PyMODINIT_FUNC
 PyInit__native(void)
 {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddStringConstant(m, "SOURCE_SHA256", AGL_NATIVE_SOURCE_SHA256) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

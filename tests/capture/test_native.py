@@ -4,6 +4,7 @@ into reads, on generated and corrupted chat streams, and on bytes made of the ve
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -206,12 +207,14 @@ def test_edge_cases_scan_the_same(data: bytes) -> None:
 
 
 @needs_native
-def test_the_built_module_is_not_older_than_its_source() -> None:
+def test_the_built_module_is_built_from_the_source_here() -> None:
     """pytest imports what was built last: a C change without a rebuild would test the old code."""
     assert _native is not None
-    assert _native.__file__ is not None
     source = Path(native.__file__).with_name("_native.c")
-    assert Path(_native.__file__).stat().st_mtime >= source.stat().st_mtime, "rebuild: pip install -e ."
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    assert digest == _native.SOURCE_SHA256, (
+        "agl_lite/capture/_native.c changed since it was built: pip install -e ."
+    )
 
 
 @needs_native
