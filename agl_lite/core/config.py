@@ -99,8 +99,9 @@ class UpstreamConfig:
     )
     max_event_bytes: int = option(
         32 * MiB,
-        "Largest line of an upstream event stream, and largest plain body, relayed; past it the call fails "
-        "(capture parses each whole, so this bounds a call's memory).",
+        "Largest event of an upstream event stream (its lines up to its blank line), and largest plain body, "
+        "relayed; past it the call fails (capture and the translations hold each whole, so this bounds a call's "
+        "memory).",
     )
     retry_on_status: tuple[int, ...] = option(
         (502, 503),

@@ -388,30 +388,31 @@ class Gateway:
             pending: bytes | None = None
             done = DoneDetector()
             cap = self.config.upstream.max_event_bytes
-            run = 0  # bytes of the stream's current line, or of the whole plain body
+            run = 0  # bytes of the stream's current event, or of the whole plain body
+            last = b""  # a stream's last bytes before this read: a blank line may straddle two reads
             async for chunk in up.content.iter_any():
                 if flow.t_first_byte is None:
                     flow.t_first_byte = time.monotonic()
-                # Before the taps, which parse (and so hold) each line whole: one endless line must not become
-                # an endless buffer.
+                # Before the taps and transforms, which hold an event until its blank line: one endless event
+                # (an endless line, or lines and never a blank one) must not become an endless buffer.
                 if response.is_event_stream:
-                    if chunk.endswith(b"\n"):  # (a read that ends an event: no scan)
+                    if chunk.endswith(b"\n\n"):  # (a read that ends an event: no scan)
                         run = 0
                     else:
-                        end = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
-                        run = run + len(chunk) if end < 0 else len(chunk) - end - 1
+                        end = _after_blank_line(last + chunk) - len(last)
+                        run = run + len(chunk) if end < 0 else len(chunk) - end
+                    last = chunk[-2:]
                 else:
                     run += len(chunk)
                 if run > cap:
-                    what = "an event stream line" if response.is_event_stream else "a body"
+                    what = "an event stream event" if response.is_event_stream else "a body"
                     raise ProtocolError(
                         f"the upstream sent {what} over {cap} bytes (upstream.max_event_bytes)"
                     )
                 for tap in taps:
                     tap(chunk)
                 if transforms and not flushed:
-                    for t in transforms:
-                        chunk = t(chunk)
+                    chunk = _converted(transforms, chunk)
                 if response.is_event_stream:
                     # after [DONE]: nothing but the end of the stream (and no more than a line of it); nothing
                     # at all after a translation's end
@@ -424,7 +425,7 @@ class Gateway:
                         # The upstream's `[DONE]` reached a translation (Anthropic, Responses), whose client has
                         # no `[DONE]`: its end is what the translation still owes, held as `[DONE]` is.
                         cut, flushed = len(chunk), True
-                        chunk += flush_transforms(transforms)
+                        chunk += _converted_end(transforms)
                     if cut >= 0:
                         if cut:
                             if not out.prepared:
@@ -450,7 +451,7 @@ class Gateway:
                     pending = chunk
             refused: BodyRefused | None = None
             try:
-                final = flush_transforms(transforms) if transforms and not flushed else b""
+                final = _converted_end(transforms) if transforms and not flushed else b""
             except BodyRefused as exc:
                 # A conversion that cannot take this body: its error goes out, not the upstream's answer.
                 final, refused = b"", exc
@@ -480,6 +481,17 @@ class Gateway:
             self._cancelled(flow)
             await self._fail(flow, None, ended)
             raise
+        except _Unconvertible as exc:
+            # Not the upstream's connection: its answer, which a transform could not take. The client's stream
+            # ends as when the core refuses its end: what a translation owes, then the error in its dialect.
+            up.close()
+            err = map_upstream_error(exc, flow.upstream.name if flow.upstream else "", mid_response=True)
+            log.warning("the upstream's answer could not be converted", path=request.path, error=err.message)
+            await self._fail(flow, err, ended)
+            frame = (
+                _refusal(transforms, err, flushed=flushed) if response.is_event_stream and not ended else None
+            )
+            return await self._end_with(request, flow, out, err, frame)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             up.close()
             if request.transport is None or request.transport.is_closing():
@@ -615,6 +627,48 @@ def _cut_by_us(flow: Flow) -> bool:
     and the task is uncancelled); False when aiohttp cancelled it too (the client left, or shutdown)."""
     task = asyncio.current_task()
     return flow.abort_error is not None and task is not None and task.uncancel() == 0
+
+
+def _after_blank_line(data: bytes) -> int:
+    """Where the last event of `data` ends (past its blank line), -1 if none does. With CR line ends (legal SSE) a
+    blank line is LF LF, CR CR or LF CR, CRLF included (CRLF CRLF holds LF CR); the end found with CR may be a byte
+    short, which a size bound does not mind."""
+    end = data.rfind(b"\n\n")
+    if data.find(b"\r") >= 0:
+        end = max(end, data.rfind(b"\r\r"), data.rfind(b"\n\r"))
+    return end + 2 if end >= 0 else -1
+
+
+def _converted(transforms: list[Transform], chunk: bytes) -> bytes:
+    """`chunk` through the transforms (the client's view, a translation). They read the upstream's bytes: what one
+    cannot take (a field of a type it does not expect, say) fails the call as any malformed upstream answer does,
+    with an error the client can read and one record, never as a bug of the relay's (a cut stream, a traceback)."""
+    try:
+        for t in transforms:
+            chunk = t(chunk)
+        return chunk
+    except Exception as exc:
+        raise _unconvertible(exc) from exc
+
+
+def _converted_end(transforms: list[Transform]) -> bytes:
+    """What the transforms still owe at the end of the body, as `_converted`; a `BodyRefused` passes as it is."""
+    try:
+        return flush_transforms(transforms)
+    except BodyRefused:
+        raise
+    except Exception as exc:
+        raise _unconvertible(exc) from exc
+
+
+class _Unconvertible(ProtocolError):
+    """A transform raised on the upstream's bytes (`_converted`)."""
+
+
+def _unconvertible(exc: Exception) -> _Unconvertible:
+    return _Unconvertible(
+        f"the upstream's answer could not be converted for the client ({type(exc).__name__}: {exc})"
+    )
 
 
 def _refusal(transforms: list[Transform], err: HttpError, *, flushed: bool) -> bytes:

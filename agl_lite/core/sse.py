@@ -42,11 +42,16 @@ class SSEParser:
         start = 0
         i = self._scan
         n = len(buf)
+        # The next LF and CR at or after i: -2 until looked for, -1 when there is none. Looked for again only once
+        # i has passed them, so that a stream with one kind of line end only is not scanned to its end per line.
+        lf = cr = -2
         while i < n:
             c = buf[i]
             if c != 10 and c != 13:  # fast path: look for the next CR or LF
-                lf = buf.find(b"\n", i)
-                cr = buf.find(b"\r", i)
+                if -1 < lf < i or lf == -2:
+                    lf = buf.find(b"\n", i)
+                if -1 < cr < i or cr == -2:
+                    cr = buf.find(b"\r", i)
                 if lf < 0 and cr < 0:
                     i = n
                     break

@@ -18,11 +18,15 @@ from agl_lite.core.sse import SSEParser
 
 __all__ = ["ChatChunks"]
 
+_BOM = "\ufeff".encode()
+
 
 class ChatChunks:
-    __slots__ = ("_buf", "_parser", "_scan", "done")
+    __slots__ = ("_buf", "_head", "_parser", "_scan", "done")
 
     def __init__(self) -> None:
+        self._head: bytes | None = b""
+        """The stream's first bytes while they may still be a byte-order mark, which SSE drops; None after."""
         self._buf = bytearray()
         self._scan = 0  # where in _buf an event's end is yet to be searched for: a long event is scanned once
         self._parser: SSEParser | None = None  # the general parser, once a CR line end was seen
@@ -31,6 +35,13 @@ class ChatChunks:
 
     def feed(self, chunk: bytes) -> list[dict[str, Any]]:
         """The chunk objects that this read completed."""
+        if self._head is not None:
+            head = self._head + chunk
+            if len(head) < len(_BOM) and _BOM.startswith(head):
+                self._head = head  # (a mark split across reads)
+                return []
+            self._head = None
+            chunk = head[len(_BOM) :] if head.startswith(_BOM) else head
         if self._parser is None and b"\r" in chunk:
             self._parser = SSEParser()
             chunk, self._buf = bytes(self._buf) + chunk, bytearray()

@@ -16,7 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agl_lite.capture.strip import StreamStripper, Strip, client_view, strip_body
+from agl_lite.capture.strip import (
+    StreamStripper,
+    Strip,
+    _null_logprobs,
+    _object_end,
+    client_view,
+    strip_body,
+)
 from agl_lite.testing.mock_vllm.generate import ChoiceOutput, GenParams, generate_choice
 from agl_lite.testing.mock_vllm.scenario import Scenario, ToolCallSpec
 from agl_lite.testing.mock_vllm.tokenizer import FakeTokenizer
@@ -320,3 +327,14 @@ def test_a_crlf_or_cr_event_goes_as_soon_as_it_ends(end: bytes) -> None:
     event = b'data: {"choices":[{"index":0,"token_ids":[1]}]}' + end + end
     assert t(event) == b'data: {"choices":[{"index":0,"token_ids":null}]}\n\n'
     assert t(b"data: [DONE]" + end + end) == b"data: [DONE]\n\n"
+
+
+def test_an_object_whose_string_does_not_end_does_not_end_either() -> None:
+    # A review after issue #15: the tokenizer needed a string's closing quote, so an unclosed string was tried again
+    # from every quote after it (an event of 32 KB of escaped quotes held the event loop 2.2 s), and the braces in
+    # its text were read as the object's own.
+    assert _object_end(b'{"a":"x\\"}', 0) == -1  # was 10: the brace inside the string
+    assert _object_end(b'{"a":"x\\', 0) == -1
+    assert _object_end(b'{"a":"x\\"}"}', 0) == 12
+    event = b'data: {"choices":[{"logprobs":{"x":"' + b'\\"' * 50_000 + b"\n\n"
+    assert _null_logprobs(event) == event

@@ -550,14 +550,30 @@ async def test_a_request_without_a_valid_key_is_answered_before_its_body_is_read
             writer.close()
 
 
-@pytest.mark.parametrize("stream", [True, False])
+OVERSIZED = {
+    # (streamed, the bytes after one fine event, then a piece sent again and again: four times the cap, bounded)
+    "a stream's endless line": (True, b"data: {", b'"x": 1,' * 585),
+    "a plain body": (False, b"data: {", b'"x": 1,' * 585),
+    # A review after issue #15: the cap bounded a line, but capture and the translations hold a whole event until
+    # its blank line: short lines and never a blank one grew their buffers without bound.
+    "short lines, LF, never a blank one": (True, b"", b'data: {"choices":[]}\n' * 100),
+    "short lines, CRLF, never a blank one": (True, b"", b'data: {"choices":[]}\r\n' * 100),
+    "short lines, CR, never a blank one": (True, b"", b'data: {"choices":[]}\r' * 100),
+}
+
+
+@pytest.mark.parametrize(("stream", "opening", "piece"), OVERSIZED.values(), ids=OVERSIZED.keys())
 async def test_an_upstream_line_or_body_past_max_event_bytes_fails_the_call(
-    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory, stream: bool
+    upstream: Callable[[Handler], Awaitable[str]],
+    gateway_factory: GatewayFactory,
+    stream: bool,
+    opening: bytes,
+    piece: bytes,
 ) -> None:
     # Issue #15 M7: one 400 MB event line drove a call to 1.26 GB: capture parses each line whole.
     cap = 256 * 1024
 
-    async def endless_line(request: web.Request) -> web.StreamResponse:
+    async def oversized(request: web.Request) -> web.StreamResponse:
         resp = (
             await sse_start(request)
             if stream
@@ -565,17 +581,16 @@ async def test_an_upstream_line_or_body_past_max_event_bytes_fails_the_call(
         )
         if not stream:
             await resp.prepare(request)
-        await resp.write(chunk("fine"))
-        await resp.write(b"data: {")
+        await resp.write(chunk("fine") + opening)
         try:
-            for _ in range(4 * cap // 4096):  # bounded: four times the cap
-                await resp.write(b'"x": 1,' * 585)
+            for _ in range(4 * cap // len(piece) + 1):
+                await resp.write(piece)
         except ConnectionError:
             pass
         return resp
 
     probe = Probe()
-    base = await upstream(endless_line)
+    base = await upstream(oversized)
     async with (
         gateway_factory(
             {"m": [base]}, extra={"upstream": {"max_event_bytes": cap}}, extra_addons=[Capture(), probe]
@@ -633,6 +648,75 @@ async def test_a_long_stream_whose_ids_do_not_decode_reaches_the_client_whole(
     record = probe.flows[0].metadata["capture.record"]
     assert record.outcome is CallOutcome.UPSTREAM_ERROR
     assert "capture could not assemble" in record.error
+
+
+TRANSLATED = {
+    "anthropic": (
+        "/v1/messages",
+        {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+    ),
+    "responses": ("/v1/responses", {"model": "m", "input": "hi"}),
+}
+BAD_USAGE = {"usage": {"prompt_tokens": "a", "completion_tokens": 1}}
+UNCONVERTIBLE = [
+    # (the API, streamed, the upstream's answer past its first event: fields of a type a translation did not take)
+    ("anthropic", True, {"choices": 5}),
+    ("responses", True, {"choices": 5}),
+    ("anthropic", True, {"choices": [{"index": 0, "delta": {"tool_calls": 1}, "finish_reason": None}]}),
+    ("responses", True, {"choices": [{"index": 0, "delta": {"tool_calls": 1}, "finish_reason": None}]}),
+    ("responses", True, {"choices": [], **BAD_USAGE}),
+    ("anthropic", False, {"choices": 5}),
+    ("responses", False, {"choices": [{"index": 0, "message": {"tool_calls": 1}, "finish_reason": "stop"}]}),
+    ("responses", False, {"choices": [{"index": 0, "message": {"content": "x"}}], **BAD_USAGE}),
+]
+
+
+@pytest.mark.parametrize(("api", "stream", "bad"), UNCONVERTIBLE)
+async def test_an_upstream_field_a_translation_cannot_take_is_an_error_the_client_reads(
+    upstream: Callable[[Handler], Awaitable[str]],
+    gateway_factory: GatewayFactory,
+    api: str,
+    stream: bool,
+    bad: dict[str, Any],
+) -> None:
+    # A review after issue #15: a translation given a field of a type it does not expect raised into the relay,
+    # which cut the client's stream (or answered 500 internal_error) and logged a traceback.
+    head = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    first = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"}}]}
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        if not stream:
+            return web.json_response({**head, "object": "chat.completion", **bad})
+        resp = await sse_start(request)
+        for event in (first, {**head, **bad}):
+            await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    probe = Probe()
+    base = await upstream(answer)
+    path, body = TRANSLATED[api]
+    headers = {**AUTH, "x-api-key": ADMIN_KEY, "anthropic-version": "2023-06-01"}
+    async with (
+        gateway_factory(
+            {"m": [base]}, chain=["auth", "route", "anthropic", "responses", "capture"], extra_addons=[probe]
+        ) as gw,
+        aiohttp.ClientSession() as s,
+    ):
+        async with s.post(gateway_url(gw) + path, json={**body, "stream": stream}, headers=headers) as r:
+            received = await r.read()  # whole: not cut
+        await asyncio.wait_for(probe.done.wait(), 5)
+    assert b"could not be converted for the client" in received
+    if stream:
+        assert r.status == 200
+        # the call must not look complete: no end of message, no completed response
+        assert b"message_stop" not in received
+        assert b"response.completed" not in received
+    else:
+        assert r.status == 502
+        assert r.headers["Content-Type"].startswith("application/json")
+    # (its error: this one, or capture's own when it could not assemble the same fields first)
+    assert probe.flows[0].metadata["capture.record"].outcome is CallOutcome.UPSTREAM_ERROR
 
 
 async def test_the_query_string_is_forwarded_as_the_client_encoded_it(

@@ -55,3 +55,15 @@ def test_an_event_is_given_as_soon_as_its_blank_line_arrives() -> None:
     got = [chunks.feed(event[i : i + 1]) for i in range(len(event))]
     assert got[:-1] == [[]] * (len(event) - 1)
     assert got[-1] == [{"b": 2}]
+
+
+def test_a_byte_order_mark_before_the_stream_is_dropped_as_sse_says_whatever_the_reads() -> None:
+    # A review after issue #15: capture dropped it, the translations did not, and lost the first event.
+    bom = "\ufeff".encode()
+    for size in (1, 2, 4, len(STREAM) + 3):
+        for raw in (bom + STREAM, bom + b"\r\n".join(STREAM.split(b"\n"))):
+            chunks = ChatChunks()
+            got = [obj for i in range(0, len(raw), size) for obj in chunks.feed(raw[i : i + size])]
+            assert got == [{"a": 1}, {"b": 2}]
+    # only at the stream's start, and only the mark: a stream that starts with part of one keeps its bytes
+    assert ChatChunks().feed(bom[:2] + b'\n\ndata: {"x": 1}\n\n') == [{"x": 1}]
