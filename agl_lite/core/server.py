@@ -455,6 +455,12 @@ class Gateway:
             except BodyRefused as exc:
                 # A conversion that cannot take this body: its error goes out, not the upstream's answer.
                 final, refused = b"", exc
+            if refused is not None and not ended:
+                # The call failed, and its record says so: `response_end` would record the upstream's answer as
+                # one the client got, and the client gets the conversion's error instead.
+                ended = True
+                await self._fail(flow, _refused_error(flow, refused), False)
+                return await self._answer_refused(request, flow, out, refused)
             if not ended:
                 ended = True
                 await self.addons.response_end(flow)
@@ -659,6 +665,20 @@ def _converted_end(transforms: list[Transform]) -> bytes:
         raise
     except Exception as exc:
         raise _unconvertible(exc) from exc
+
+
+def _refused_error(flow: Flow, refused: BodyRefused) -> UpstreamError:
+    """The error a whole-body conversion's refusal leaves on its flow (and so in its record): the message of the
+    refusal's JSON body, which says what the upstream's answer lacked."""
+    try:
+        body = json.loads(refused.body)
+    except ValueError:
+        body = None
+    err = body.get("error") if isinstance(body, dict) else None
+    message = err.get("message") if isinstance(err, dict) else None
+    if not isinstance(message, str):
+        message = f"its answer could not be converted for the client (HTTP {refused.status})"
+    return UpstreamError(f"upstream {flow.upstream.name if flow.upstream else ''}: {message}")
 
 
 class _Unconvertible(ProtocolError):

@@ -719,6 +719,34 @@ async def test_an_upstream_field_a_translation_cannot_take_is_an_error_the_clien
     assert probe.flows[0].metadata["capture.record"].outcome is CallOutcome.UPSTREAM_ERROR
 
 
+@pytest.mark.parametrize("api", TRANSLATED)
+async def test_a_whole_answer_a_translation_refuses_leaves_a_failed_record(
+    upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory, api: str
+) -> None:
+    # A review after issue #15: the client got the translation's 502, but `response_end` had already recorded the
+    # upstream's answer as `ok`, a success the client never saw (and a Responses API id it could build on).
+    async def no_choice(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"id": "c", "object": "chat.completion", "model": "m", "choices": []})
+
+    probe = Probe()
+    base = await upstream(no_choice)
+    path, body = TRANSLATED[api]
+    headers = {**AUTH, "x-api-key": ADMIN_KEY, "anthropic-version": "2023-06-01"}
+    async with (
+        gateway_factory(
+            {"m": [base]}, chain=["auth", "route", "anthropic", "responses", "capture"], extra_addons=[probe]
+        ) as gw,
+        aiohttp.ClientSession() as s,
+        s.post(gateway_url(gw) + path, json=body, headers=headers) as r,
+    ):
+        assert r.status == 502
+        assert b"is not a chat completion" in await r.read()
+        await asyncio.wait_for(probe.done.wait(), 5)
+    record = probe.flows[0].metadata["capture.record"]
+    assert record.outcome is CallOutcome.UPSTREAM_ERROR
+    assert "is not a chat completion" in record.error
+
+
 async def test_the_query_string_is_forwarded_as_the_client_encoded_it(
     upstream: Callable[[Handler], Awaitable[str]], gateway_factory: GatewayFactory
 ) -> None:
