@@ -671,6 +671,31 @@ UNCONVERTIBLE = [
 ]
 
 
+async def translated_call(
+    upstream: Callable[[Handler], Awaitable[str]],
+    gateway_factory: GatewayFactory,
+    answer: Handler,
+    api: str,
+    stream: bool,
+) -> tuple[aiohttp.ClientResponse, bytes, Any]:
+    """One call of `api` (Anthropic Messages, the Responses API) through a translating gateway whose upstream
+    answers with `answer`: the client's response, the body it read whole, and the call's record."""
+    probe = Probe()
+    base = await upstream(answer)
+    path, body = TRANSLATED[api]
+    headers = {**AUTH, "x-api-key": ADMIN_KEY, "anthropic-version": "2023-06-01"}
+    async with (
+        gateway_factory(
+            {"m": [base]}, chain=["auth", "route", "anthropic", "responses", "capture"], extra_addons=[probe]
+        ) as gw,
+        aiohttp.ClientSession() as s,
+    ):
+        async with s.post(gateway_url(gw) + path, json={**body, "stream": stream}, headers=headers) as r:
+            received = await r.read()  # whole: not cut
+        await asyncio.wait_for(probe.done.wait(), 5)
+    return r, received, probe.flows[0].metadata["capture.record"]
+
+
 @pytest.mark.parametrize(("api", "stream", "bad"), UNCONVERTIBLE)
 async def test_an_upstream_field_a_translation_cannot_take_is_an_error_the_client_reads(
     upstream: Callable[[Handler], Awaitable[str]],
@@ -693,19 +718,7 @@ async def test_an_upstream_field_a_translation_cannot_take_is_an_error_the_clien
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    probe = Probe()
-    base = await upstream(answer)
-    path, body = TRANSLATED[api]
-    headers = {**AUTH, "x-api-key": ADMIN_KEY, "anthropic-version": "2023-06-01"}
-    async with (
-        gateway_factory(
-            {"m": [base]}, chain=["auth", "route", "anthropic", "responses", "capture"], extra_addons=[probe]
-        ) as gw,
-        aiohttp.ClientSession() as s,
-    ):
-        async with s.post(gateway_url(gw) + path, json={**body, "stream": stream}, headers=headers) as r:
-            received = await r.read()  # whole: not cut
-        await asyncio.wait_for(probe.done.wait(), 5)
+    r, received, record = await translated_call(upstream, gateway_factory, answer, api, stream)
     assert b"could not be converted for the client" in received
     if stream:
         assert r.status == 200
@@ -716,7 +729,7 @@ async def test_an_upstream_field_a_translation_cannot_take_is_an_error_the_clien
         assert r.status == 502
         assert r.headers["Content-Type"].startswith("application/json")
     # (its error: this one, or capture's own when it could not assemble the same fields first)
-    assert probe.flows[0].metadata["capture.record"].outcome is CallOutcome.UPSTREAM_ERROR
+    assert record.outcome is CallOutcome.UPSTREAM_ERROR
 
 
 @pytest.mark.parametrize("api", TRANSLATED)
@@ -728,21 +741,9 @@ async def test_a_whole_answer_a_translation_refuses_leaves_a_failed_record(
     async def no_choice(request: web.Request) -> web.StreamResponse:
         return web.json_response({"id": "c", "object": "chat.completion", "model": "m", "choices": []})
 
-    probe = Probe()
-    base = await upstream(no_choice)
-    path, body = TRANSLATED[api]
-    headers = {**AUTH, "x-api-key": ADMIN_KEY, "anthropic-version": "2023-06-01"}
-    async with (
-        gateway_factory(
-            {"m": [base]}, chain=["auth", "route", "anthropic", "responses", "capture"], extra_addons=[probe]
-        ) as gw,
-        aiohttp.ClientSession() as s,
-        s.post(gateway_url(gw) + path, json=body, headers=headers) as r,
-    ):
-        assert r.status == 502
-        assert b"is not a chat completion" in await r.read()
-        await asyncio.wait_for(probe.done.wait(), 5)
-    record = probe.flows[0].metadata["capture.record"]
+    r, received, record = await translated_call(upstream, gateway_factory, no_choice, api, False)
+    assert r.status == 502
+    assert b"is not a chat completion" in received
     assert record.outcome is CallOutcome.UPSTREAM_ERROR
     assert "is not a chat completion" in record.error
 
