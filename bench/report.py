@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
-import importlib.util
 import math
 import os
 import platform
@@ -188,5 +187,6 @@ def machine() -> dict[str, str]:
 def scans() -> str:
     """Which byte scans the installed agl-lite's capture runs (agl_lite/capture/native.py): the servers the benches
     start from it inherit this environment, AGL_NATIVE included (a baseline checkout: `servers.scans_of`)."""
-    built = importlib.util.find_spec("agl_lite.capture._native") is not None
-    return "C scans" if built and os.environ.get("AGL_NATIVE", "1") != "0" else "Python scans"
+    from agl_lite.capture import native  # (the benches run in agl-lite's venv)
+
+    return "C scans" if native.NATIVE else "Python scans"

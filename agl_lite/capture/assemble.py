@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from agl_lite.capture.native import text_runs
-from agl_lite.core.sse import SSEParser
+from agl_lite.core.sse import BOM, SSEParser
 from agl_lite.store.records import ChoiceRecord
 
 __all__ = ["COMPACT_BYTES", "Assembly", "Collector", "error_message"]
@@ -28,7 +28,6 @@ _DONE = re.compile(rb"^data: ?\[DONE\]", re.M)
 _DELTA_TEXT = b'{"index":0,"delta":{"content":"'
 """After `"choices":[`: a text delta of the one choice."""
 _HEAD_KEYS = {"id", "object", "created", "model"}
-_BOM = "\ufeff".encode()
 
 
 def error_message(err: Any) -> str:
@@ -416,8 +415,8 @@ class Collector:
         buf = b"".join(self._chunks)
         if self._fresh and buf:
             self._fresh = False
-            if self.stream and buf.startswith(_BOM):
-                buf = buf[len(_BOM) :]
+            if self.stream and buf.startswith(BOM):
+                buf = buf[len(BOM) :]
         return buf
 
     def finish(self) -> Assembly:

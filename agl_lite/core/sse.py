@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DoneDetector", "SSEEvent", "SSEParser", "find_done"]
+__all__ = ["BOM", "DoneDetector", "SSEEvent", "SSEParser", "find_done"]
+
+BOM = "\ufeff".encode()
+"""A UTF-8 byte-order mark: SSE drops one before a stream's first byte (capture and the translations do)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,11 +14,9 @@ from typing import Any
 
 import orjson
 
-from agl_lite.core.sse import SSEParser
+from agl_lite.core.sse import BOM, SSEParser
 
 __all__ = ["ChatChunks"]
-
-_BOM = "\ufeff".encode()
 
 
 class ChatChunks:
@@ -37,11 +35,11 @@ class ChatChunks:
         """The chunk objects that this read completed."""
         if self._head is not None:
             head = self._head + chunk
-            if len(head) < len(_BOM) and _BOM.startswith(head):
+            if len(head) < len(BOM) and BOM.startswith(head):
                 self._head = head  # (a mark split across reads)
                 return []
             self._head = None
-            chunk = head[len(_BOM) :] if head.startswith(_BOM) else head
+            chunk = head[len(BOM) :] if head.startswith(BOM) else head
         if self._parser is None and b"\r" in chunk:
             self._parser = SSEParser()
             chunk, self._buf = bytes(self._buf) + chunk, bytearray()
